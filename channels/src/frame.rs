@@ -1,0 +1,1 @@
+//! svnic Ethernet frames (to be written).

@@ -1,0 +1,573 @@
+//! Access to a channel region in shared memory, for both sides and both roles.
+//!
+//! All access goes through a [`VolatileSlice`] (vm-memory): bounds-checked, volatile, and atomic
+//! for the indices. The memory is shared with a party we do not trust, so:
+//! - each side keeps its *own* index in a private field and only ever writes it out; it never reads
+//!   its own index back from shared memory (the other side could have scribbled on it);
+//! - each index read from the other side is checked against what is possible before it is used:
+//!   a producer index more than a ring ahead (or behind) our consumer index, or a consumer index
+//!   outside `[last seen, our producer index]`, is a [`RingError`], never a panic or a wild access.
+//!
+//! Memory ordering: a producer writes slots, then stores its index with `Release`; a consumer loads
+//! that index with `Acquire` and only then reads the slots, so it sees the slot contents. The
+//! consumer stores its own index with `Release` after it has read the slots, and the producer
+//! loads it with `Acquire` before reusing them, so a slot is never overwritten while being read.
+
+use std::sync::atomic::{fence, Ordering};
+
+use vm_memory::{Bytes, VolatileSlice};
+
+use crate::error::{LayoutError, RingError};
+use crate::layout::{header, ChannelLayout, CHANNEL_MAGIC, CHANNEL_VERSION};
+use crate::message::{RawMessage, MESSAGE_SIZE};
+use crate::status::FaultReason;
+
+/// The three rings of a channel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RingKind {
+    /// Guest -> engine messages.
+    Tx,
+    /// Engine -> guest messages and completions.
+    Rx,
+    /// Guest -> engine receive buffers.
+    Post,
+}
+
+impl RingKind {
+    fn name(self) -> &'static str {
+        match self {
+            RingKind::Tx => "TX",
+            RingKind::Rx => "RX",
+            RingKind::Post => "post",
+        }
+    }
+    fn head(self) -> usize {
+        match self {
+            RingKind::Tx => header::TX_HEAD,
+            RingKind::Rx => header::RX_HEAD,
+            RingKind::Post => header::POST_HEAD,
+        }
+    }
+    fn tail(self) -> usize {
+        match self {
+            RingKind::Tx => header::TX_TAIL,
+            RingKind::Rx => header::RX_TAIL,
+            RingKind::Post => header::POST_TAIL,
+        }
+    }
+    fn base(self, l: &ChannelLayout) -> usize {
+        match self {
+            RingKind::Tx => l.tx_ring,
+            RingKind::Rx => l.rx_ring,
+            RingKind::Post => l.post_ring,
+        }
+    }
+}
+
+/// A channel region: its memory and its layout. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct ChannelMem<'a> {
+    mem: VolatileSlice<'a>,
+    layout: ChannelLayout,
+}
+
+impl<'a> ChannelMem<'a> {
+    /// Wraps `mem` (the whole channel region) with `layout`. Fails if `mem` is shorter.
+    pub fn new(mem: VolatileSlice<'a>, layout: ChannelLayout) -> Result<Self, LayoutError> {
+        if (mem.len() as u64) < layout.region_len {
+            return Err(LayoutError::MemoryTooShort {
+                have: mem.len(),
+                need: layout.region_len,
+            });
+        }
+        Ok(ChannelMem { mem, layout })
+    }
+
+    /// Reads and validates the header the engine wrote, then wraps `mem` (client side).
+    pub fn from_header(mem: VolatileSlice<'a>) -> Result<Self, LayoutError> {
+        let bad = |what: String| LayoutError::BadHeader(what);
+        let ld32 = |off| {
+            mem.load::<u32>(off, Ordering::Acquire)
+                .map_err(|_| LayoutError::MemoryTooShort {
+                    have: mem.len(),
+                    need: header::END as u64,
+                })
+        };
+        if ld32(header::READY)? != 1 {
+            return Err(bad("channel not initialised by the engine".into()));
+        }
+        if ld32(header::MAGIC)? != CHANNEL_MAGIC {
+            return Err(bad("bad magic".into()));
+        }
+        let version = ld32(header::VERSION)? & 0xffff;
+        if version != u32::from(CHANNEL_VERSION) {
+            return Err(bad(format!(
+                "version {version}, expected {CHANNEL_VERSION}"
+            )));
+        }
+        let ring_size = ld32(header::RING_SIZE)?;
+        let region_len =
+            u64::from(ld32(header::REGION_LEN)?) | (u64::from(ld32(header::REGION_LEN + 4)?) << 32);
+        let layout = ChannelLayout::new(ring_size, region_len)?;
+        let same = u64::from(ld32(header::DATA_OFFSET)?) == layout.data_offset
+            && ld32(header::TX_RING)? as usize == layout.tx_ring
+            && ld32(header::RX_RING)? as usize == layout.rx_ring
+            && ld32(header::POST_RING)? as usize == layout.post_ring;
+        if !same {
+            return Err(bad("ring/data offsets disagree with the layout".into()));
+        }
+        Self::new(mem, layout)
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &ChannelLayout {
+        &self.layout
+    }
+
+    /// The whole region.
+    pub fn slice(&self) -> &VolatileSlice<'a> {
+        &self.mem
+    }
+
+    /// Engine side: writes the header and zeroes every index and flag, `READY` last (Release),
+    /// so a client that sees `READY == 1` sees the whole header.
+    pub fn init_header(
+        &self,
+        channel_id: u32,
+        worker: u32,
+        cpu: Option<u32>,
+    ) -> Result<(), RingError> {
+        let l = &self.layout;
+        self.store(header::READY, 0, Ordering::Relaxed)?;
+        for off in [
+            header::TX_HEAD,
+            header::TX_TAIL,
+            header::RX_HEAD,
+            header::RX_TAIL,
+            header::POST_HEAD,
+            header::POST_TAIL,
+            header::ENGINE_SLEEPING,
+            header::GUEST_SLEEPING,
+            header::FAULT,
+        ] {
+            self.store(off, 0, Ordering::Relaxed)?;
+        }
+        self.store(header::MAGIC, CHANNEL_MAGIC, Ordering::Relaxed)?;
+        self.store(
+            header::VERSION,
+            u32::from(CHANNEL_VERSION),
+            Ordering::Relaxed,
+        )?;
+        self.store(header::RING_SIZE, l.ring_size, Ordering::Relaxed)?;
+        self.store(header::REGION_LEN, l.region_len as u32, Ordering::Relaxed)?;
+        self.store(
+            header::REGION_LEN + 4,
+            (l.region_len >> 32) as u32,
+            Ordering::Relaxed,
+        )?;
+        self.store(header::DATA_OFFSET, l.data_offset as u32, Ordering::Relaxed)?;
+        self.store(
+            header::DATA_OFFSET + 4,
+            (l.data_offset >> 32) as u32,
+            Ordering::Relaxed,
+        )?;
+        self.store(header::TX_RING, l.tx_ring as u32, Ordering::Relaxed)?;
+        self.store(header::RX_RING, l.rx_ring as u32, Ordering::Relaxed)?;
+        self.store(header::POST_RING, l.post_ring as u32, Ordering::Relaxed)?;
+        self.store(header::CHANNEL_ID, channel_id, Ordering::Relaxed)?;
+        self.store(header::WORKER, worker, Ordering::Relaxed)?;
+        self.store(header::CPU, cpu.map_or(u32::MAX, |c| c), Ordering::Relaxed)?;
+        // Release: everything above is visible to whoever loads READY == 1 with Acquire.
+        self.store(header::READY, 1, Ordering::Release)
+    }
+
+    /// Channel id, serving worker and CPU as the engine wrote them in the header.
+    pub fn served_by(&self) -> (u32, u32, Option<u32>) {
+        let ld = |off| self.load(off, Ordering::Relaxed).unwrap_or(u32::MAX);
+        let cpu = ld(header::CPU);
+        (
+            ld(header::CHANNEL_ID),
+            ld(header::WORKER),
+            (cpu != u32::MAX).then_some(cpu),
+        )
+    }
+
+    fn load(&self, off: usize, order: Ordering) -> Result<u32, RingError> {
+        self.mem
+            .load::<u32>(off, order)
+            .map_err(|_| RingError::Memory {
+                ring: "header",
+                offset: off,
+            })
+    }
+
+    fn store(&self, off: usize, v: u32, order: Ordering) -> Result<(), RingError> {
+        self.mem
+            .store::<u32>(v, off, order)
+            .map_err(|_| RingError::Memory {
+                ring: "header",
+                offset: off,
+            })
+    }
+
+    /// Engine side: records a fault in the header (the guest can read why its channel stopped).
+    pub fn set_fault(&self, reason: FaultReason) {
+        // Best effort: if even the header is unreachable there is nobody to tell.
+        let _ = self.store(header::FAULT, reason.code(), Ordering::Release);
+    }
+
+    /// The fault word: `None` while healthy, else the raw code (see [`FaultReason`]).
+    pub fn fault(&self) -> Option<u32> {
+        match self.load(header::FAULT, Ordering::Acquire) {
+            Ok(0) => None,
+            Ok(code) => Some(code),
+            Err(_) => Some(u32::MAX),
+        }
+    }
+
+    /// Sets or clears a sleeping flag ([`header::ENGINE_SLEEPING`] or [`header::GUEST_SLEEPING`]).
+    ///
+    /// Setting is followed by a SeqCst fence: the sleeper must re-check its rings *after* this
+    /// call, and the other side publishes, fences, then reads the flag ([`ChannelMem::peer_sleeping`]).
+    /// With a fence on both sides at least one of them sees the other's write, so a wakeup is never
+    /// lost (the classic store-fence-load handshake).
+    pub fn set_sleeping(&self, flag_offset: usize, sleeping: bool) {
+        let _ = self.store(flag_offset, u32::from(sleeping), Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+    }
+
+    /// After publishing: fence, then read the other side's sleeping flag. True means "notify it".
+    pub fn peer_sleeping(&self, flag_offset: usize) -> bool {
+        fence(Ordering::SeqCst);
+        self.load(flag_offset, Ordering::Relaxed)
+            .map_or(false, |v| v != 0)
+    }
+
+    fn slot_offset(&self, kind: RingKind, index: u32) -> usize {
+        kind.base(&self.layout) + (index & self.layout.mask()) as usize * MESSAGE_SIZE
+    }
+
+    fn read_slot(&self, kind: RingKind, index: u32) -> Result<RawMessage, RingError> {
+        let off = self.slot_offset(kind, index);
+        self.mem
+            .read_obj::<RawMessage>(off)
+            .map_err(|_| RingError::Memory {
+                ring: kind.name(),
+                offset: off,
+            })
+    }
+
+    fn write_slot(&self, kind: RingKind, index: u32, msg: &RawMessage) -> Result<(), RingError> {
+        let off = self.slot_offset(kind, index);
+        self.mem
+            .write_obj(*msg, off)
+            .map_err(|_| RingError::Memory {
+                ring: kind.name(),
+                offset: off,
+            })
+    }
+}
+
+/// The producing end of one ring. Keeps its own index privately.
+#[derive(Debug, Clone)]
+pub struct Producer {
+    kind: RingKind,
+    size: u32,
+    /// Next index to write (private; published with [`Producer::publish`]).
+    head: u32,
+    /// Last index published.
+    published: u32,
+    /// Last consumer index seen (validated).
+    tail: u32,
+}
+
+impl Producer {
+    /// A producer for `kind` in a freshly initialised channel (indices at 0).
+    pub fn new(kind: RingKind, layout: &ChannelLayout) -> Self {
+        Producer {
+            kind,
+            size: layout.ring_size,
+            head: 0,
+            published: 0,
+            tail: 0,
+        }
+    }
+
+    /// Free slots, reading (and validating) the consumer's index.
+    pub fn free(&mut self, mem: &ChannelMem<'_>) -> Result<u32, RingError> {
+        // Acquire: pairs with the consumer's Release store; the slots it released are read.
+        let t = mem.load(self.kind.tail(), Ordering::Acquire)?;
+        // The consumer can only move forward, and never past what we published.
+        if t.wrapping_sub(self.tail) > self.published.wrapping_sub(self.tail) {
+            return Err(RingError::ConsumerOutOfRange {
+                ring: self.kind.name(),
+                tail: t,
+                head: self.published,
+                last: self.tail,
+            });
+        }
+        self.tail = t;
+        Ok(self.size - self.head.wrapping_sub(t))
+    }
+
+    /// Free slots as of the last [`Producer::free`] call, without reading shared memory.
+    pub fn cached_free(&self) -> u32 {
+        self.size - self.head.wrapping_sub(self.tail)
+    }
+
+    /// Writes `msg` into the next slot (not yet visible). The caller has checked there is room
+    /// (`free` or `cached_free` > 0); without room this returns false and writes nothing.
+    pub fn push(&mut self, mem: &ChannelMem<'_>, msg: &RawMessage) -> Result<bool, RingError> {
+        if self.cached_free() == 0 {
+            return Ok(false);
+        }
+        mem.write_slot(self.kind, self.head, msg)?;
+        self.head = self.head.wrapping_add(1);
+        Ok(true)
+    }
+
+    /// Makes every pushed message visible to the consumer.
+    pub fn publish(&mut self, mem: &ChannelMem<'_>) -> Result<(), RingError> {
+        if self.published != self.head {
+            // Release: the slot writes above happen-before the consumer's Acquire load of head.
+            mem.store(self.kind.head(), self.head, Ordering::Release)?;
+            self.published = self.head;
+        }
+        Ok(())
+    }
+
+    /// Pushed but not yet published.
+    pub fn unpublished(&self) -> u32 {
+        self.head.wrapping_sub(self.published)
+    }
+
+    /// Published and not yet consumed, as of the last `free` call.
+    pub fn in_flight(&self) -> u32 {
+        self.published.wrapping_sub(self.tail)
+    }
+}
+
+/// The consuming end of one ring. Keeps its own index privately.
+#[derive(Debug, Clone)]
+pub struct Consumer {
+    kind: RingKind,
+    size: u32,
+    /// Next index to read (private; written out by [`Consumer::release`]).
+    tail: u32,
+    /// Last index released.
+    released: u32,
+    /// Last producer index seen (validated).
+    head: u32,
+}
+
+impl Consumer {
+    /// A consumer for `kind` in a freshly initialised channel (indices at 0).
+    pub fn new(kind: RingKind, layout: &ChannelLayout) -> Self {
+        Consumer {
+            kind,
+            size: layout.ring_size,
+            tail: 0,
+            released: 0,
+            head: 0,
+        }
+    }
+
+    /// Messages available, reading (and validating) the producer's index.
+    pub fn available(&mut self, mem: &ChannelMem<'_>) -> Result<u32, RingError> {
+        // Acquire: pairs with the producer's Release store, so the slots it wrote are visible.
+        let h = mem.load(self.kind.head(), Ordering::Acquire)?;
+        let ahead = h.wrapping_sub(self.tail);
+        if ahead > self.size {
+            return Err(RingError::ProducerOutOfRange {
+                ring: self.kind.name(),
+                head: h,
+                tail: self.tail,
+                ahead,
+                size: self.size,
+            });
+        }
+        if h.wrapping_sub(self.head) > self.size {
+            return Err(RingError::ProducerBackwards {
+                ring: self.kind.name(),
+                head: h,
+                last: self.head,
+            });
+        }
+        self.head = h;
+        Ok(ahead)
+    }
+
+    /// Messages available as of the last `available` call.
+    pub fn cached_available(&self) -> u32 {
+        self.head.wrapping_sub(self.tail)
+    }
+
+    /// Reads the next message and advances (privately). `None` if none is available as of the
+    /// last `available` call.
+    pub fn pop(&mut self, mem: &ChannelMem<'_>) -> Result<Option<RawMessage>, RingError> {
+        if self.cached_available() == 0 {
+            return Ok(None);
+        }
+        let m = mem.read_slot(self.kind, self.tail)?;
+        self.tail = self.tail.wrapping_add(1);
+        Ok(Some(m))
+    }
+
+    /// Reads the next message without advancing.
+    pub fn peek(&self, mem: &ChannelMem<'_>) -> Result<Option<RawMessage>, RingError> {
+        if self.cached_available() == 0 {
+            return Ok(None);
+        }
+        mem.read_slot(self.kind, self.tail).map(Some)
+    }
+
+    /// Advances past a message obtained with [`Consumer::peek`].
+    pub fn skip(&mut self) {
+        if self.cached_available() > 0 {
+            self.tail = self.tail.wrapping_add(1);
+        }
+    }
+
+    /// Gives the consumed slots back to the producer.
+    pub fn release(&mut self, mem: &ChannelMem<'_>) -> Result<(), RingError> {
+        if self.released != self.tail {
+            // Release: our reads of the slots happen-before the producer's reuse of them.
+            mem.store(self.kind.tail(), self.tail, Ordering::Release)?;
+            self.released = self.tail;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::{Message, UserData};
+    use crate::types::ChannelAddr;
+
+    fn region(len: usize) -> Vec<u64> {
+        vec![0u64; len / 8]
+    }
+
+    fn mem_of(buf: &mut [u64]) -> VolatileSlice<'_> {
+        // SAFETY: buf is a live, exclusively borrowed allocation of buf.len()*8 bytes that outlives
+        // the returned slice (same lifetime).
+        unsafe { VolatileSlice::new(buf.as_mut_ptr().cast(), buf.len() * 8) }
+    }
+
+    fn msg(i: u64) -> RawMessage {
+        Message::UserData(UserData::new(ChannelAddr::default(), i, &i.to_le_bytes()).unwrap())
+            .encode()
+    }
+
+    #[test]
+    fn header_round_trips_through_init_and_from_header() {
+        let layout = ChannelLayout::new(64, 64 << 10).unwrap();
+        let mut buf = region(64 << 10);
+        let m = ChannelMem::new(mem_of(&mut buf), layout).unwrap();
+        assert!(
+            ChannelMem::from_header(m.slice().clone()).is_err(),
+            "not ready yet"
+        );
+        m.init_header(7, 1, Some(3)).unwrap();
+        let c = ChannelMem::from_header(m.slice().clone()).unwrap();
+        assert_eq!(*c.layout(), layout);
+        assert_eq!(c.served_by(), (7, 1, Some(3)));
+        assert_eq!(c.fault(), None);
+        m.set_fault(FaultReason::TxIndex);
+        assert_eq!(c.fault(), Some(FaultReason::TxIndex.code()));
+    }
+
+    #[test]
+    fn push_pop_in_order_with_wraparound() {
+        let layout = ChannelLayout::new(16, 64 << 10).unwrap();
+        let mut buf = region(64 << 10);
+        let m = ChannelMem::new(mem_of(&mut buf), layout).unwrap();
+        m.init_header(0, 0, None).unwrap();
+        let mut p = Producer::new(RingKind::Tx, &layout);
+        let mut c = Consumer::new(RingKind::Tx, &layout);
+        let mut next_out = 0u64;
+        let mut next_in = 0u64;
+        for round in 0..100u64 {
+            let free = p.free(&m).unwrap();
+            for _ in 0..free.min((round % 17) as u32 + 1) {
+                assert!(p.push(&m, &msg(next_out)).unwrap());
+                next_out += 1;
+            }
+            p.publish(&m).unwrap();
+            let n = c.available(&m).unwrap();
+            for _ in 0..n {
+                let got = c.pop(&m).unwrap().unwrap();
+                assert_eq!(got.cookie(), next_in);
+                next_in += 1;
+            }
+            c.release(&m).unwrap();
+        }
+        assert_eq!(next_in, next_out);
+        assert!(next_out > 16 * 5);
+    }
+
+    #[test]
+    fn full_ring_refuses_push() {
+        let layout = ChannelLayout::new(16, 64 << 10).unwrap();
+        let mut buf = region(64 << 10);
+        let m = ChannelMem::new(mem_of(&mut buf), layout).unwrap();
+        let mut p = Producer::new(RingKind::Rx, &layout);
+        assert_eq!(p.free(&m).unwrap(), 16);
+        for i in 0..16 {
+            assert!(p.push(&m, &msg(i)).unwrap());
+        }
+        assert!(!p.push(&m, &msg(99)).unwrap());
+        p.publish(&m).unwrap();
+        assert_eq!(p.free(&m).unwrap(), 0);
+    }
+
+    #[test]
+    fn impossible_indices_are_errors_not_panics() {
+        let layout = ChannelLayout::new(16, 64 << 10).unwrap();
+        let mut buf = region(64 << 10);
+        let m = ChannelMem::new(mem_of(&mut buf), layout).unwrap();
+        let mut c = Consumer::new(RingKind::Tx, &layout);
+        // The guest claims 17 messages in a 16-slot ring.
+        m.store(header::TX_HEAD, 17, Ordering::Relaxed).unwrap();
+        assert!(matches!(
+            c.available(&m),
+            Err(RingError::ProducerOutOfRange { ahead: 17, .. })
+        ));
+        // A head "behind" the tail wraps to a huge distance: also refused.
+        m.store(header::TX_HEAD, u32::MAX, Ordering::Relaxed)
+            .unwrap();
+        assert!(c.available(&m).is_err());
+        // Moving backwards after a valid head.
+        m.store(header::TX_HEAD, 5, Ordering::Relaxed).unwrap();
+        assert_eq!(c.available(&m).unwrap(), 5);
+        c.pop(&m).unwrap();
+        m.store(header::TX_HEAD, 3, Ordering::Relaxed).unwrap();
+        assert!(c.available(&m).is_err());
+
+        // Producer side: the guest's RX consumer index jumping past what was published.
+        let mut p = Producer::new(RingKind::Rx, &layout);
+        p.push(&m, &msg(1)).unwrap();
+        p.publish(&m).unwrap();
+        m.store(header::RX_TAIL, 2, Ordering::Relaxed).unwrap();
+        assert!(matches!(
+            p.free(&m),
+            Err(RingError::ConsumerOutOfRange { .. })
+        ));
+        m.store(header::RX_TAIL, 1, Ordering::Relaxed).unwrap();
+        assert_eq!(p.free(&m).unwrap(), 16);
+        // ... and backwards.
+        m.store(header::RX_TAIL, 0, Ordering::Relaxed).unwrap();
+        assert!(p.free(&m).is_err());
+    }
+
+    #[test]
+    fn short_memory_is_refused() {
+        let layout = ChannelLayout::new(16, 64 << 10).unwrap();
+        let mut buf = region(32 << 10);
+        assert!(matches!(
+            ChannelMem::new(mem_of(&mut buf), layout),
+            Err(LayoutError::MemoryTooShort { .. })
+        ));
+    }
+}
