@@ -1,1 +1,846 @@
-//! svnic Ethernet frames (to be written).
+//! svnic Ethernet frames: control requests and responses, data fragments between engines,
+//! doorbells and wakes. docs/abi.md ("Frames") is the normative description of the bytes.
+//!
+//! ```text
+//! offset  size  field
+//!      0     6  destination MAC
+//!      6     6  source MAC
+//!     12     2  EtherType 0x88B5, big-endian (the only big-endian field)
+//!     14     1  version (1)
+//!     15     1  frame type: 1 control request, 2 control response, 3 data, 4 doorbell, 5 wake
+//!     16     2  flags, must be 0
+//!     18     -  body (little-endian), by type
+//! ```
+//!
+//! Encoded frames are zero-padded to [`MIN_FRAME_LEN`] (60 bytes, the Ethernet minimum without FCS).
+//! A decoder accepts a frame that ends exactly where its content ends (the body, plus `frag_len`
+//! payload bytes for a data frame) or that is longer only by Ethernet padding: up to
+//! [`MIN_FRAME_LEN`] bytes in all. Padding bytes are ignored whatever their value; any other
+//! trailing byte is an error.
+//!
+//! Decoding validates everything with checked arithmetic and returns a [`DecodeError`]; it never
+//! panics and never reads past the buffer. Encoding runs the same checks first, so whatever
+//! [`Frame::encode`] accepts, [`Frame::decode`] accepts and returns equal.
+//!
+//! Semantic checks (ring size, region bounds, MAC ownership, endpoint range) are not done here: a
+//! well-formed but unacceptable create request decodes, and the control plane answers it with the
+//! precise [`FailureReason`].
+
+mod fragment;
+mod reassembly;
+
+pub use fragment::{fragment, DataMessage, Fragments};
+pub use reassembly::{
+    PushOutcome, ReassembledMessage, Reassembler, ReassemblyLimits, ReassemblyStats,
+};
+
+use crate::error::DecodeError;
+use crate::message::{FLAG_COMPLETE, FLAG_WANT_COMPLETION, INLINE_CAPACITY};
+use crate::status::FailureReason;
+use crate::types::{ChannelId, EndpointId, MacAddr};
+
+/// The svnic EtherType (IEEE 802 local experimental 1).
+pub const ETHERTYPE: u16 = 0x88B5;
+/// The frame format version this crate speaks.
+pub const FRAME_VERSION: u8 = 1;
+/// Length of the Ethernet header (no VLAN tag).
+pub const ETH_HEADER_LEN: usize = 14;
+/// Length of the svnic header that follows the Ethernet header.
+pub const SVNIC_HEADER_LEN: usize = 4;
+/// Offset of the body: Ethernet header plus svnic header.
+pub const BODY_OFFSET: usize = ETH_HEADER_LEN + SVNIC_HEADER_LEN;
+/// Smallest Ethernet frame (without FCS); shorter encodings are zero-padded to it.
+pub const MIN_FRAME_LEN: usize = 60;
+/// Body length of a control request (both operations).
+pub const CONTROL_REQUEST_LEN: usize = 40;
+/// Body length of a control response.
+pub const CONTROL_RESPONSE_LEN: usize = 20;
+/// Body length of a data frame before its payload.
+pub const DATA_HEADER_LEN: usize = 32;
+/// Body length of a doorbell or a wake.
+pub const NOTIFY_LEN: usize = 4;
+/// Largest message that may cross an uplink (the `total_len` of a data frame): 1 MiB.
+///
+/// Half the default channel region, and a bound on what a receiving engine must buffer per message
+/// while reassembling. A larger DMA-data message can still be delivered between channels of one
+/// engine; sent to a remote destination it completes with
+/// [`crate::CompletionStatus::UplinkError`].
+pub const MAX_DATA_LEN: u32 = 1 << 20;
+/// Default MTU (Ethernet payload size, excluding the 14-byte Ethernet header).
+pub const DEFAULT_MTU: usize = 1500;
+/// Smallest MTU [`fragment`] accepts (the IPv4 minimum, RFC 791): 32 payload bytes per fragment.
+pub const MIN_MTU: usize = 68;
+
+// Body field offsets (from BODY_OFFSET). docs/abi.md has the same tables.
+mod off {
+    pub const REQ_ID: usize = 0;
+    pub const REQ_OP: usize = 4;
+    pub const REQ_MAC: usize = 6;
+    pub const REQ_ENDPOINT: usize = 12;
+    pub const REQ_RING_SIZE: usize = 16;
+    pub const REQ_RESERVED: usize = 20;
+    pub const REQ_REGION_ADDR: usize = 24;
+    pub const REQ_REGION_LEN: usize = 32;
+    pub const REQ_DESTROY_CHANNEL: usize = 8;
+
+    pub const RESP_ID: usize = 0;
+    pub const RESP_STATUS: usize = 4;
+    pub const RESP_RESERVED: usize = 5;
+    pub const RESP_REASON: usize = 6;
+    pub const RESP_CHANNEL: usize = 8;
+    pub const RESP_WORKER: usize = 12;
+    pub const RESP_CPU: usize = 16;
+
+    pub const DATA_SRC_EP: usize = 0;
+    pub const DATA_DST_EP: usize = 4;
+    pub const DATA_KIND: usize = 8;
+    pub const DATA_FLAGS: usize = 9;
+    pub const DATA_MSG_ID: usize = 10;
+    pub const DATA_TOTAL: usize = 14;
+    pub const DATA_FRAG_OFF: usize = 18;
+    pub const DATA_FRAG_LEN: usize = 22;
+    pub const DATA_COOKIE: usize = 24;
+
+    pub const NOTIFY_CHANNEL: usize = 0;
+}
+
+const OP_CREATE: u8 = 1;
+const OP_DESTROY: u8 = 2;
+
+const STATUS_PENDING: u8 = 1;
+const STATUS_SUCCESS: u8 = 2;
+const STATUS_FAILURE: u8 = 3;
+const STATUS_DESTROYED: u8 = 4;
+
+/// The frame type byte.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[repr(u8)]
+pub enum FrameType {
+    /// Guest -> engine: create or destroy a channel.
+    ControlRequest = 1,
+    /// Engine -> guest: answer to a control request.
+    ControlResponse = 2,
+    /// Engine -> engine over an uplink: one fragment of a message.
+    Data = 3,
+    /// Guest -> engine: new work in a TX or post ring while the serving worker sleeps.
+    Doorbell = 4,
+    /// Engine -> guest: new messages in an RX ring while the guest sleeps.
+    Wake = 5,
+}
+
+impl FrameType {
+    /// The on-the-wire code.
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// Decodes an on-the-wire code.
+    pub fn from_code(code: u8) -> Result<Self, DecodeError> {
+        Ok(match code {
+            1 => FrameType::ControlRequest,
+            2 => FrameType::ControlResponse,
+            3 => FrameType::Data,
+            4 => FrameType::Doorbell,
+            5 => FrameType::Wake,
+            other => {
+                return Err(DecodeError::UnknownCode {
+                    what: "frame type",
+                    code: other.into(),
+                })
+            }
+        })
+    }
+
+    /// Length of the fixed part of the body.
+    pub fn body_len(self) -> usize {
+        match self {
+            FrameType::ControlRequest => CONTROL_REQUEST_LEN,
+            FrameType::ControlResponse => CONTROL_RESPONSE_LEN,
+            FrameType::Data => DATA_HEADER_LEN,
+            FrameType::Doorbell | FrameType::Wake => NOTIFY_LEN,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            FrameType::ControlRequest => "control request",
+            FrameType::ControlResponse => "control response",
+            FrameType::Data => "data frame",
+            FrameType::Doorbell => "doorbell",
+            FrameType::Wake => "wake",
+        }
+    }
+}
+
+/// A decoded svnic frame.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Frame<'a> {
+    /// Destination MAC.
+    pub dst: MacAddr,
+    /// Source MAC. For frames from a guest port, the port decides who sent it, not this field.
+    pub src: MacAddr,
+    /// What the frame says.
+    pub body: FrameBody<'a>,
+}
+
+/// The body of a frame, by type. `'a` is the lifetime of a data frame's payload, borrowed from
+/// the buffer the frame was decoded from (or from the caller's message when encoding).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum FrameBody<'a> {
+    /// Create or destroy a channel.
+    ControlRequest(ControlRequest),
+    /// Answer to a control request.
+    ControlResponse(ControlResponse),
+    /// One fragment of a message between engines.
+    Data(DataFrame<'a>),
+    /// Guest -> engine: this channel's TX or post ring has new work (the worker advertised sleeping).
+    Doorbell {
+        /// The channel, as the engine named it in its Success response.
+        channel: ChannelId,
+    },
+    /// Engine -> guest: this channel's RX ring has new messages (the guest advertised sleeping).
+    Wake {
+        /// The channel.
+        channel: ChannelId,
+    },
+}
+
+impl FrameBody<'_> {
+    /// The frame type of this body.
+    pub fn frame_type(&self) -> FrameType {
+        match self {
+            FrameBody::ControlRequest(_) => FrameType::ControlRequest,
+            FrameBody::ControlResponse(_) => FrameType::ControlResponse,
+            FrameBody::Data(_) => FrameType::Data,
+            FrameBody::Doorbell { .. } => FrameType::Doorbell,
+            FrameBody::Wake { .. } => FrameType::Wake,
+        }
+    }
+}
+
+/// A control request (guest -> engine).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct ControlRequest {
+    /// Chosen by the requester, echoed in every response to this request.
+    pub request_id: u32,
+    /// What to do.
+    pub op: ControlOp,
+}
+
+/// The operation of a control request.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ControlOp {
+    /// Create a channel (op code 1).
+    Create(CreateRequest),
+    /// Destroy a channel (op code 2).
+    Destroy {
+        /// The channel to destroy.
+        channel: ChannelId,
+    },
+}
+
+/// The parameters of a create request. Decoding checks none of their values; the control plane
+/// does, and answers with a [`FailureReason`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct CreateRequest {
+    /// The channel's own MAC; must be owned by the requesting guest.
+    pub mac: MacAddr,
+    /// The channel's endpoint id under that MAC.
+    pub endpoint: EndpointId,
+    /// Slots per ring (power of two, 16..=4096, see [`crate::layout`]).
+    pub ring_size: u32,
+    /// Guest-physical address of the channel region (4 KiB aligned).
+    pub region_addr: u64,
+    /// Length of the channel region (4 KiB multiple).
+    pub region_len: u64,
+}
+
+/// A control response (engine -> guest).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct ControlResponse {
+    /// The request being answered.
+    pub request_id: u32,
+    /// The channel concerned (the new channel on Success; the named one for a destroy).
+    pub channel: ChannelId,
+    /// What happened.
+    pub status: ControlStatus,
+}
+
+/// The status of a control response.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ControlStatus {
+    /// Accepted, being worked on (code 1).
+    Pending,
+    /// Channel created (code 2).
+    Success {
+        /// Index of the serving worker.
+        worker: u32,
+        /// Host CPU the worker is pinned to (at most `i32::MAX`); `None` if unpinned (-1 on the wire).
+        cpu: Option<u32>,
+    },
+    /// Refused; nothing was allocated (code 3).
+    Failure(FailureReason),
+    /// Channel destroyed; the engine no longer touches its memory (code 4).
+    Destroyed,
+}
+
+/// The kind of message a data frame carries.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[repr(u8)]
+pub enum DataKind {
+    /// User-data: at most [`INLINE_CAPACITY`] bytes, delivered as an RX user-data message.
+    UserData = 1,
+    /// DMA-data: at most [`MAX_DATA_LEN`] bytes, delivered into a posted receive buffer.
+    DmaData = 2,
+}
+
+impl DataKind {
+    /// The on-the-wire code.
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// Decodes an on-the-wire code.
+    pub fn from_code(code: u8) -> Result<Self, DecodeError> {
+        match code {
+            1 => Ok(DataKind::UserData),
+            2 => Ok(DataKind::DmaData),
+            other => Err(DecodeError::UnknownCode {
+                what: "data message kind",
+                code: other.into(),
+            }),
+        }
+    }
+
+    /// Largest message of this kind.
+    pub fn max_len(self) -> u32 {
+        match self {
+            DataKind::UserData => INLINE_CAPACITY as u32,
+            DataKind::DmaData => MAX_DATA_LEN,
+        }
+    }
+
+    /// Message flags allowed on this kind (the same as in ring messages).
+    pub fn allowed_flags(self) -> u8 {
+        match self {
+            DataKind::UserData => FLAG_COMPLETE | FLAG_WANT_COMPLETION,
+            DataKind::DmaData => FLAG_COMPLETE,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            DataKind::UserData => "user-data",
+            DataKind::DmaData => "DMA-data",
+        }
+    }
+
+    /// Checks a whole message of this kind: flags and total length.
+    pub(crate) fn check(self, flags: u8, total_len: u64) -> Result<(), DecodeError> {
+        if flags & !self.allowed_flags() != 0 {
+            return Err(DecodeError::BadFlags {
+                kind: self.name(),
+                flags,
+            });
+        }
+        if total_len > u64::from(self.max_len()) {
+            return Err(DecodeError::BadLength {
+                what: match self {
+                    DataKind::UserData => "data frame: user-data total_len",
+                    DataKind::DmaData => "data frame: DMA-data total_len",
+                },
+                len: total_len,
+                max: self.max_len().into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// One fragment of a message sent from a channel of one engine to a channel of another.
+///
+/// The fragment's bytes are `payload`, at `frag_offset` within the message of `total_len` bytes.
+/// Fragments of one message share (source MAC, `src_endpoint`, `message_id`) and every other
+/// header field.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct DataFrame<'a> {
+    /// Sending channel's endpoint (its MAC is the frame's source MAC).
+    pub src_endpoint: EndpointId,
+    /// Destination endpoint (its MAC is the frame's destination MAC).
+    pub dst_endpoint: EndpointId,
+    /// User-data or DMA-data.
+    pub kind: DataKind,
+    /// The sender's message flags (see [`DataKind::allowed_flags`]).
+    pub msg_flags: u8,
+    /// Message id, unique per sending engine and source endpoint while fragments are in flight.
+    pub message_id: u32,
+    /// Length of the whole message.
+    pub total_len: u32,
+    /// Offset of this fragment in the message.
+    pub frag_offset: u32,
+    /// The sender's cookie.
+    pub cookie: u64,
+    /// This fragment's bytes (`frag_len` on the wire is its length).
+    pub payload: &'a [u8],
+}
+
+impl DataFrame<'_> {
+    /// Checks what the decoder checks: kind flags and size limits, `frag_len <= u16::MAX`,
+    /// `frag_offset + frag_len <= total_len`, and an empty fragment only for an empty message.
+    pub fn validate(&self) -> Result<(), DecodeError> {
+        self.kind.check(self.msg_flags, self.total_len.into())?;
+        let frag_len = self.payload.len();
+        if frag_len > usize::from(u16::MAX) {
+            return Err(DecodeError::BadLength {
+                what: "data frame: frag_len",
+                len: frag_len as u64,
+                max: u16::MAX.into(),
+            });
+        }
+        let end = u64::from(self.frag_offset) + frag_len as u64;
+        if end > u64::from(self.total_len) {
+            return Err(DecodeError::BadLength {
+                what: "data frame: frag_offset + frag_len",
+                len: end,
+                max: self.total_len.into(),
+            });
+        }
+        if frag_len == 0 && self.total_len != 0 {
+            return Err(DecodeError::BadLength {
+                what: "data frame: empty fragment of a non-empty message; frag_len",
+                len: 0,
+                max: 0,
+            });
+        }
+        Ok(())
+    }
+
+    /// True if this one fragment is the whole message.
+    pub fn is_whole_message(&self) -> bool {
+        self.frag_offset == 0 && self.payload.len() as u64 == u64::from(self.total_len)
+    }
+}
+
+impl ControlResponse {
+    /// Checks what the decoder checks: a Success CPU must fit in an `i32`.
+    pub fn validate(&self) -> Result<(), DecodeError> {
+        if let ControlStatus::Success { cpu: Some(c), .. } = self.status {
+            if c > i32::MAX as u32 {
+                return Err(DecodeError::BadLength {
+                    what: "control response: cpu",
+                    len: c.into(),
+                    max: i32::MAX as u64,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<'a> Frame<'a> {
+    /// Checks that the frame can be encoded (the same checks decoding does).
+    pub fn validate(&self) -> Result<(), DecodeError> {
+        match &self.body {
+            FrameBody::ControlResponse(r) => r.validate(),
+            FrameBody::Data(d) => d.validate(),
+            FrameBody::ControlRequest(_) | FrameBody::Doorbell { .. } | FrameBody::Wake { .. } => {
+                Ok(())
+            }
+        }
+    }
+
+    /// Bytes of content (headers, body, payload) before padding.
+    pub fn content_len(&self) -> usize {
+        let payload = match &self.body {
+            FrameBody::Data(d) => d.payload.len(),
+            _ => 0,
+        };
+        BODY_OFFSET + self.body.frame_type().body_len() + payload
+    }
+
+    /// Length of the encoded frame: the content, padded to [`MIN_FRAME_LEN`].
+    pub fn encoded_len(&self) -> usize {
+        self.content_len().max(MIN_FRAME_LEN)
+    }
+
+    /// Validates, then appends the encoded frame (padded to [`MIN_FRAME_LEN`]) to `out`.
+    /// On error nothing is appended.
+    pub fn encode_into(&self, out: &mut Vec<u8>) -> Result<(), DecodeError> {
+        self.validate()?;
+        let start = out.len();
+        out.reserve(self.encoded_len());
+        out.extend_from_slice(&self.dst.0);
+        out.extend_from_slice(&self.src.0);
+        out.extend_from_slice(&ETHERTYPE.to_be_bytes());
+        out.push(FRAME_VERSION);
+        out.push(self.body.frame_type().code());
+        out.extend_from_slice(&0u16.to_le_bytes());
+        let body_start = out.len();
+        out.resize(body_start + self.body.frame_type().body_len(), 0);
+        let mut w = Writer(&mut out[body_start..]);
+        match &self.body {
+            FrameBody::ControlRequest(r) => {
+                w.u32(off::REQ_ID, r.request_id);
+                match &r.op {
+                    ControlOp::Create(c) => {
+                        w.u8(off::REQ_OP, OP_CREATE);
+                        w.bytes(off::REQ_MAC, &c.mac.0);
+                        w.u32(off::REQ_ENDPOINT, c.endpoint);
+                        w.u32(off::REQ_RING_SIZE, c.ring_size);
+                        w.u64(off::REQ_REGION_ADDR, c.region_addr);
+                        w.u64(off::REQ_REGION_LEN, c.region_len);
+                    }
+                    ControlOp::Destroy { channel } => {
+                        w.u8(off::REQ_OP, OP_DESTROY);
+                        w.u32(off::REQ_DESTROY_CHANNEL, channel.0);
+                    }
+                }
+            }
+            FrameBody::ControlResponse(r) => {
+                w.u32(off::RESP_ID, r.request_id);
+                w.u32(off::RESP_CHANNEL, r.channel.0);
+                match r.status {
+                    ControlStatus::Pending => w.u8(off::RESP_STATUS, STATUS_PENDING),
+                    ControlStatus::Success { worker, cpu } => {
+                        w.u8(off::RESP_STATUS, STATUS_SUCCESS);
+                        w.u32(off::RESP_WORKER, worker);
+                        // validate() checked c <= i32::MAX; None is -1.
+                        w.u32(off::RESP_CPU, cpu.unwrap_or(u32::MAX));
+                    }
+                    ControlStatus::Failure(reason) => {
+                        w.u8(off::RESP_STATUS, STATUS_FAILURE);
+                        w.u16(off::RESP_REASON, reason.code());
+                    }
+                    ControlStatus::Destroyed => w.u8(off::RESP_STATUS, STATUS_DESTROYED),
+                }
+            }
+            FrameBody::Data(d) => {
+                w.u32(off::DATA_SRC_EP, d.src_endpoint);
+                w.u32(off::DATA_DST_EP, d.dst_endpoint);
+                w.u8(off::DATA_KIND, d.kind.code());
+                w.u8(off::DATA_FLAGS, d.msg_flags);
+                w.u32(off::DATA_MSG_ID, d.message_id);
+                w.u32(off::DATA_TOTAL, d.total_len);
+                w.u32(off::DATA_FRAG_OFF, d.frag_offset);
+                // validate() checked the length fits in a u16.
+                w.u16(off::DATA_FRAG_LEN, d.payload.len() as u16);
+                w.u64(off::DATA_COOKIE, d.cookie);
+            }
+            FrameBody::Doorbell { channel } | FrameBody::Wake { channel } => {
+                w.u32(off::NOTIFY_CHANNEL, channel.0);
+            }
+        }
+        if let FrameBody::Data(d) = &self.body {
+            out.extend_from_slice(d.payload);
+        }
+        let padded = start + MIN_FRAME_LEN;
+        if out.len() < padded {
+            out.resize(padded, 0);
+        }
+        Ok(())
+    }
+
+    /// Validates and encodes into a new buffer (padded to [`MIN_FRAME_LEN`]).
+    pub fn encode(&self) -> Result<Vec<u8>, DecodeError> {
+        let mut out = Vec::with_capacity(self.encoded_len());
+        self.encode_into(&mut out)?;
+        Ok(out)
+    }
+
+    /// Validates and decodes a frame (Ethernet header included, FCS excluded). A data frame's
+    /// payload borrows from `bytes`. Never panics, whatever the bytes.
+    pub fn decode(bytes: &'a [u8]) -> Result<Frame<'a>, DecodeError> {
+        let ftype = svnic_header(bytes)?;
+        let r = Reader(bytes);
+        let dst = MacAddr(r.array(0, "Ethernet header")?);
+        let src = MacAddr(r.array(6, "Ethernet header")?);
+        let body_bytes = bytes.get(BODY_OFFSET..).unwrap_or_default();
+        let body_len = ftype.body_len();
+        if body_bytes.len() < body_len {
+            return Err(DecodeError::Truncated {
+                what: ftype.name(),
+                len: bytes.len(),
+                need: BODY_OFFSET + body_len,
+            });
+        }
+        let b = Reader(body_bytes);
+        let (body, payload_len) = match ftype {
+            FrameType::ControlRequest => (FrameBody::ControlRequest(decode_request(&b)?), 0),
+            FrameType::ControlResponse => (FrameBody::ControlResponse(decode_response(&b)?), 0),
+            FrameType::Data => {
+                let d = decode_data(&b)?;
+                (FrameBody::Data(d), d.payload.len())
+            }
+            FrameType::Doorbell => (
+                FrameBody::Doorbell {
+                    channel: ChannelId(b.u32(off::NOTIFY_CHANNEL, "doorbell")?),
+                },
+                0,
+            ),
+            FrameType::Wake => (
+                FrameBody::Wake {
+                    channel: ChannelId(b.u32(off::NOTIFY_CHANNEL, "wake")?),
+                },
+                0,
+            ),
+        };
+        // Only Ethernet padding may follow the content (see the module documentation).
+        let content = BODY_OFFSET + body_len + payload_len;
+        let allowed = content.max(MIN_FRAME_LEN);
+        if bytes.len() > allowed {
+            return Err(DecodeError::BadLength {
+                what: "frame (bytes after the content that are not Ethernet padding)",
+                len: bytes.len() as u64,
+                max: allowed as u64,
+            });
+        }
+        Ok(Frame { dst, src, body })
+    }
+}
+
+/// Checks the Ethernet and svnic headers and returns the frame type.
+fn svnic_header(bytes: &[u8]) -> Result<FrameType, DecodeError> {
+    let r = Reader(bytes);
+    let ethertype = u16::from_be_bytes(r.array(12, "Ethernet header")?);
+    if ethertype != ETHERTYPE {
+        return Err(DecodeError::NotSvnic(format!(
+            "EtherType {ethertype:#06x}, expected {ETHERTYPE:#06x} (VLAN tags are not allowed)"
+        )));
+    }
+    let [version, ftype] = r.array(ETH_HEADER_LEN, "svnic header")?;
+    let flags = u16::from_le_bytes(r.array(ETH_HEADER_LEN + 2, "svnic header")?);
+    if version != FRAME_VERSION {
+        return Err(DecodeError::NotSvnic(format!(
+            "frame version {version}, this engine speaks version {FRAME_VERSION}"
+        )));
+    }
+    let ftype = FrameType::from_code(ftype)?;
+    if flags != 0 {
+        return Err(DecodeError::ReservedNotZero {
+            what: "svnic header flags",
+        });
+    }
+    Ok(ftype)
+}
+
+fn decode_request(b: &Reader<'_>) -> Result<ControlRequest, DecodeError> {
+    const WHAT: &str = "control request";
+    let request_id = b.u32(off::REQ_ID, WHAT)?;
+    let op = match b.u8(off::REQ_OP, WHAT)? {
+        OP_CREATE => {
+            b.zero(off::REQ_OP + 1..off::REQ_MAC, WHAT)?;
+            b.zero(off::REQ_RESERVED..off::REQ_REGION_ADDR, WHAT)?;
+            ControlOp::Create(CreateRequest {
+                mac: MacAddr(b.array(off::REQ_MAC, WHAT)?),
+                endpoint: b.u32(off::REQ_ENDPOINT, WHAT)?,
+                ring_size: b.u32(off::REQ_RING_SIZE, WHAT)?,
+                region_addr: b.u64(off::REQ_REGION_ADDR, WHAT)?,
+                region_len: b.u64(off::REQ_REGION_LEN, WHAT)?,
+            })
+        }
+        OP_DESTROY => {
+            b.zero(off::REQ_OP + 1..off::REQ_DESTROY_CHANNEL, WHAT)?;
+            b.zero(off::REQ_DESTROY_CHANNEL + 4..CONTROL_REQUEST_LEN, WHAT)?;
+            ControlOp::Destroy {
+                channel: ChannelId(b.u32(off::REQ_DESTROY_CHANNEL, WHAT)?),
+            }
+        }
+        other => {
+            return Err(DecodeError::UnknownCode {
+                what: "control request op",
+                code: other.into(),
+            })
+        }
+    };
+    Ok(ControlRequest { request_id, op })
+}
+
+fn decode_response(b: &Reader<'_>) -> Result<ControlResponse, DecodeError> {
+    const WHAT: &str = "control response";
+    let request_id = b.u32(off::RESP_ID, WHAT)?;
+    let status = b.u8(off::RESP_STATUS, WHAT)?;
+    b.zero(off::RESP_RESERVED..off::RESP_REASON, WHAT)?;
+    let reason = b.u16(off::RESP_REASON, WHAT)?;
+    let channel = ChannelId(b.u32(off::RESP_CHANNEL, WHAT)?);
+    let worker = b.u32(off::RESP_WORKER, WHAT)?;
+    let cpu = b.u32(off::RESP_CPU, WHAT)?;
+    let status = match status {
+        STATUS_SUCCESS => {
+            let cpu = match cpu {
+                u32::MAX => None,
+                c if c <= i32::MAX as u32 => Some(c),
+                c => {
+                    return Err(DecodeError::UnknownCode {
+                        what: "control response cpu (negative other than -1)",
+                        code: c.into(),
+                    })
+                }
+            };
+            if reason != 0 {
+                return Err(DecodeError::ReservedNotZero {
+                    what: "control response reason (status Success)",
+                });
+            }
+            ControlStatus::Success { worker, cpu }
+        }
+        STATUS_PENDING | STATUS_FAILURE | STATUS_DESTROYED => {
+            if worker != 0 || cpu != 0 {
+                return Err(DecodeError::ReservedNotZero {
+                    what: "control response worker/cpu (status not Success)",
+                });
+            }
+            match status {
+                STATUS_FAILURE => ControlStatus::Failure(FailureReason::from_code(reason)?),
+                _ if reason != 0 => {
+                    return Err(DecodeError::ReservedNotZero {
+                        what: "control response reason (status not Failure)",
+                    })
+                }
+                STATUS_PENDING => ControlStatus::Pending,
+                _ => ControlStatus::Destroyed,
+            }
+        }
+        other => {
+            return Err(DecodeError::UnknownCode {
+                what: "control response status",
+                code: other.into(),
+            })
+        }
+    };
+    Ok(ControlResponse {
+        request_id,
+        channel,
+        status,
+    })
+}
+
+fn decode_data<'a>(b: &Reader<'a>) -> Result<DataFrame<'a>, DecodeError> {
+    const WHAT: &str = "data frame";
+    let frag_len = usize::from(b.u16(off::DATA_FRAG_LEN, WHAT)?);
+    let payload_end = DATA_HEADER_LEN
+        .checked_add(frag_len)
+        .ok_or(DecodeError::BadLength {
+            what: "data frame: frag_len",
+            len: frag_len as u64,
+            max: u16::MAX.into(),
+        })?;
+    let payload =
+        b.0.get(DATA_HEADER_LEN..payload_end)
+            .ok_or_else(|| DecodeError::Truncated {
+                what: "data frame payload (frag_len)",
+                len: BODY_OFFSET + b.0.len(),
+                need: BODY_OFFSET + payload_end,
+            })?;
+    let d = DataFrame {
+        src_endpoint: b.u32(off::DATA_SRC_EP, WHAT)?,
+        dst_endpoint: b.u32(off::DATA_DST_EP, WHAT)?,
+        kind: DataKind::from_code(b.u8(off::DATA_KIND, WHAT)?)?,
+        msg_flags: b.u8(off::DATA_FLAGS, WHAT)?,
+        message_id: b.u32(off::DATA_MSG_ID, WHAT)?,
+        total_len: b.u32(off::DATA_TOTAL, WHAT)?,
+        frag_offset: b.u32(off::DATA_FRAG_OFF, WHAT)?,
+        cookie: b.u64(off::DATA_COOKIE, WHAT)?,
+        payload,
+    };
+    d.validate()?;
+    Ok(d)
+}
+
+/// True if `bytes` is an svnic frame or pretends to be one: EtherType 0x88B5, directly or behind
+/// up to two VLAN tags (0x8100, 0x88A8, 0x9100).
+///
+/// The backend uses this on frames from a guest port: such a frame is consumed by the engine
+/// (decoded, or dropped if tagged or malformed) and never switched to another port, so guests
+/// cannot send svnic frames to one another by hiding them behind a VLAN tag.
+pub fn claims_svnic(bytes: &[u8]) -> bool {
+    let r = Reader(bytes);
+    let mut at = 12;
+    for _ in 0..3 {
+        match r.array::<2>(at, "").map(u16::from_be_bytes) {
+            Ok(ETHERTYPE) => return true,
+            Ok(0x8100 | 0x88A8 | 0x9100) => at += 4,
+            _ => return false,
+        }
+    }
+    false
+}
+
+/// The request id of something that claims to be an svnic control request, even if the rest of
+/// it is malformed, so that the engine can answer it with [`FailureReason::BadRequest`].
+/// `None` if the headers are not those of a version-1 control request.
+pub fn control_request_id(bytes: &[u8]) -> Option<u32> {
+    match svnic_header(bytes) {
+        Ok(FrameType::ControlRequest) => {}
+        _ => return None,
+    }
+    let b = Reader(bytes.get(BODY_OFFSET..)?);
+    b.u32(off::REQ_ID, "control request").ok()
+}
+
+/// Bounds-checked little-endian reads from a byte slice; never panics.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn array<const N: usize>(&self, at: usize, what: &'static str) -> Result<[u8; N], DecodeError> {
+        at.checked_add(N)
+            .and_then(|end| self.0.get(at..end))
+            .and_then(|s| <[u8; N]>::try_from(s).ok())
+            .ok_or(DecodeError::Truncated {
+                what,
+                len: self.0.len(),
+                need: at.saturating_add(N),
+            })
+    }
+    fn u8(&self, at: usize, what: &'static str) -> Result<u8, DecodeError> {
+        self.array::<1>(at, what).map(|[b]| b)
+    }
+    fn u16(&self, at: usize, what: &'static str) -> Result<u16, DecodeError> {
+        self.array(at, what).map(u16::from_le_bytes)
+    }
+    fn u32(&self, at: usize, what: &'static str) -> Result<u32, DecodeError> {
+        self.array(at, what).map(u32::from_le_bytes)
+    }
+    fn u64(&self, at: usize, what: &'static str) -> Result<u64, DecodeError> {
+        self.array(at, what).map(u64::from_le_bytes)
+    }
+    /// Checks that `range` is all zero (reserved bytes).
+    fn zero(&self, range: std::ops::Range<usize>, what: &'static str) -> Result<(), DecodeError> {
+        let range_end = range.end;
+        match self.0.get(range) {
+            Some(s) if s.iter().all(|b| *b == 0) => Ok(()),
+            Some(_) => Err(DecodeError::ReservedNotZero { what }),
+            None => Err(DecodeError::Truncated {
+                what,
+                len: self.0.len(),
+                need: range_end,
+            }),
+        }
+    }
+}
+
+/// Little-endian writes into a body whose length the caller sized from the frame type; offsets
+/// are the constants above, so every write is in range (checked by the round-trip tests).
+struct Writer<'a>(&'a mut [u8]);
+
+impl Writer<'_> {
+    fn bytes(&mut self, at: usize, v: &[u8]) {
+        if let Some(dst) = self.0.get_mut(at..at + v.len()) {
+            dst.copy_from_slice(v);
+        }
+    }
+    fn u8(&mut self, at: usize, v: u8) {
+        self.bytes(at, &[v]);
+    }
+    fn u16(&mut self, at: usize, v: u16) {
+        self.bytes(at, &v.to_le_bytes());
+    }
+    fn u32(&mut self, at: usize, v: u32) {
+        self.bytes(at, &v.to_le_bytes());
+    }
+    fn u64(&mut self, at: usize, v: u64) {
+        self.bytes(at, &v.to_le_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,867 @@
+use super::*;
+use crate::message::INLINE_CAPACITY;
+use proptest::prelude::*;
+
+const ENGINE: MacAddr = MacAddr([0x02, 0, 0, 0, 0, 0xee]);
+const GUEST: MacAddr = MacAddr([0x52, 0x54, 0, 0x12, 0x34, 0x56]);
+
+fn frame(body: FrameBody<'_>) -> Frame<'_> {
+    Frame {
+        dst: ENGINE,
+        src: GUEST,
+        body,
+    }
+}
+
+fn create() -> FrameBody<'static> {
+    FrameBody::ControlRequest(ControlRequest {
+        request_id: 7,
+        op: ControlOp::Create(CreateRequest {
+            mac: GUEST,
+            endpoint: 3,
+            ring_size: 256,
+            region_addr: 0x4000_0000,
+            region_len: 2 << 20,
+        }),
+    })
+}
+
+fn destroy() -> FrameBody<'static> {
+    FrameBody::ControlRequest(ControlRequest {
+        request_id: 8,
+        op: ControlOp::Destroy {
+            channel: ChannelId(5),
+        },
+    })
+}
+
+fn response(status: ControlStatus) -> FrameBody<'static> {
+    FrameBody::ControlResponse(ControlResponse {
+        request_id: 7,
+        channel: ChannelId(5),
+        status,
+    })
+}
+
+fn data(payload: &[u8]) -> DataFrame<'_> {
+    DataFrame {
+        src_endpoint: 1,
+        dst_endpoint: 2,
+        kind: DataKind::DmaData,
+        msg_flags: 0,
+        message_id: 99,
+        total_len: payload.len() as u32 + 10,
+        frag_offset: 10,
+        cookie: 0xc0ffee,
+        payload,
+    }
+}
+
+fn enc(f: &Frame<'_>) -> Vec<u8> {
+    f.encode().unwrap()
+}
+
+/// Byte `i` of the body of an encoded frame.
+fn body_at(i: usize) -> usize {
+    BODY_OFFSET + i
+}
+
+// ---------------------------------------------------------------- layout and happy paths
+
+#[test]
+fn encodings_have_the_documented_bytes() {
+    let b = enc(&frame(create()));
+    assert_eq!(b.len(), MIN_FRAME_LEN);
+    assert_eq!(&b[0..6], &ENGINE.0);
+    assert_eq!(&b[6..12], &GUEST.0);
+    assert_eq!(&b[12..14], &[0x88, 0xb5]);
+    assert_eq!(&b[14..18], &[1, 1, 0, 0]);
+    assert_eq!(&b[18..22], &7u32.to_le_bytes());
+    assert_eq!(b[22], 1);
+    assert_eq!(&b[24..30], &GUEST.0);
+    assert_eq!(&b[30..34], &3u32.to_le_bytes());
+    assert_eq!(&b[34..38], &256u32.to_le_bytes());
+    assert_eq!(&b[42..50], &0x4000_0000u64.to_le_bytes());
+    assert_eq!(&b[50..58], &(2u64 << 20).to_le_bytes());
+    assert_eq!(&b[58..60], &[0, 0]);
+
+    let b = enc(&frame(response(ControlStatus::Success {
+        worker: 2,
+        cpu: None,
+    })));
+    assert_eq!(b[15], 2);
+    assert_eq!(b[22], 2);
+    assert_eq!(&b[26..30], &5u32.to_le_bytes());
+    assert_eq!(&b[30..34], &2u32.to_le_bytes());
+    assert_eq!(&b[34..38], &(-1i32).to_le_bytes());
+
+    let payload = [0xab; 100];
+    let b = enc(&frame(FrameBody::Data(data(&payload))));
+    assert_eq!(b.len(), BODY_OFFSET + DATA_HEADER_LEN + 100);
+    assert_eq!(b[15], 3);
+    assert_eq!(b[body_at(8)], 2);
+    assert_eq!(&b[body_at(10)..body_at(14)], &99u32.to_le_bytes());
+    assert_eq!(&b[body_at(14)..body_at(18)], &110u32.to_le_bytes());
+    assert_eq!(&b[body_at(18)..body_at(22)], &10u32.to_le_bytes());
+    assert_eq!(&b[body_at(22)..body_at(24)], &100u16.to_le_bytes());
+    assert_eq!(&b[body_at(24)..body_at(32)], &0xc0ffeeu64.to_le_bytes());
+    assert_eq!(&b[body_at(32)..], &payload);
+
+    let b = enc(&frame(FrameBody::Wake {
+        channel: ChannelId(0x01020304),
+    }));
+    assert_eq!(b.len(), MIN_FRAME_LEN);
+    assert_eq!(b[15], 5);
+    assert_eq!(&b[18..22], &[4, 3, 2, 1]);
+    assert!(b[22..].iter().all(|x| *x == 0));
+}
+
+#[test]
+fn every_fixed_body_fits_in_a_minimum_frame() {
+    for t in [
+        FrameType::ControlRequest,
+        FrameType::ControlResponse,
+        FrameType::Doorbell,
+        FrameType::Wake,
+    ] {
+        assert!(BODY_OFFSET + t.body_len() <= MIN_FRAME_LEN, "{t:?}");
+    }
+}
+
+#[test]
+fn decode_accepts_unpadded_and_garbage_padded_frames() {
+    let f = frame(FrameBody::Doorbell {
+        channel: ChannelId(9),
+    });
+    let b = enc(&f);
+    // Unpadded (as a virtio-net TX queue may hand it over).
+    assert_eq!(Frame::decode(&b[..BODY_OFFSET + NOTIFY_LEN]), Ok(f));
+    // Padding need not be zero.
+    let mut g = b.clone();
+    g[40..].fill(0x5a);
+    assert_eq!(Frame::decode(&g), Ok(f));
+
+    // A short data frame, padded: frag_len says where the payload ends.
+    let payload = [1u8, 2, 3];
+    let f = frame(FrameBody::Data(data(&payload)));
+    let mut b = enc(&f);
+    assert_eq!(b.len(), MIN_FRAME_LEN);
+    b[BODY_OFFSET + DATA_HEADER_LEN + 3..].fill(0xff);
+    match Frame::decode(&b).unwrap().body {
+        FrameBody::Data(d) => assert_eq!(d.payload, &payload),
+        other => panic!("{other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------- one test per error case
+
+#[test]
+fn truncated_headers_are_refused() {
+    let b = enc(&frame(create()));
+    for len in [0, 5, 13] {
+        assert!(matches!(
+            Frame::decode(&b[..len]),
+            Err(DecodeError::Truncated {
+                what: "Ethernet header",
+                ..
+            })
+        ));
+    }
+    for len in [14, 15, 17] {
+        assert!(matches!(
+            Frame::decode(&b[..len]),
+            Err(DecodeError::Truncated {
+                what: "svnic header",
+                ..
+            })
+        ));
+    }
+}
+
+#[test]
+fn truncated_bodies_are_refused() {
+    let payload = [7u8; 50];
+    for f in [
+        frame(create()),
+        frame(destroy()),
+        frame(response(ControlStatus::Pending)),
+        frame(FrameBody::Data(data(&payload))),
+        frame(FrameBody::Doorbell {
+            channel: ChannelId(1),
+        }),
+        frame(FrameBody::Wake {
+            channel: ChannelId(1),
+        }),
+    ] {
+        let b = enc(&f);
+        let need = BODY_OFFSET + f.body.frame_type().body_len();
+        assert!(matches!(
+            Frame::decode(&b[..need - 1]),
+            Err(DecodeError::Truncated { .. })
+        ));
+    }
+    // Data: the payload is shorter than frag_len.
+    let b = enc(&frame(FrameBody::Data(data(&payload))));
+    assert!(matches!(
+        Frame::decode(&b[..b.len() - 1]),
+        Err(DecodeError::Truncated {
+            what: "data frame payload (frag_len)",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn other_ethertypes_and_vlan_tags_are_not_svnic() {
+    let b = enc(&frame(destroy()));
+    let mut ip = b.clone();
+    ip[12..14].copy_from_slice(&[0x08, 0x00]);
+    assert!(matches!(Frame::decode(&ip), Err(DecodeError::NotSvnic(_))));
+    // An 802.1Q tag in front of the svnic EtherType.
+    let mut tagged = b[..12].to_vec();
+    tagged.extend_from_slice(&[0x81, 0x00, 0x00, 0x05]);
+    tagged.extend_from_slice(&b[12..]);
+    assert!(matches!(
+        Frame::decode(&tagged),
+        Err(DecodeError::NotSvnic(_))
+    ));
+    assert!(claims_svnic(&b));
+    assert!(claims_svnic(&tagged));
+    assert!(!claims_svnic(&ip));
+    assert!(!claims_svnic(&b[..13]));
+}
+
+#[test]
+fn unknown_version_type_and_flags_are_refused() {
+    let b = enc(&frame(destroy()));
+    let mut v = b.clone();
+    v[14] = 2;
+    assert!(matches!(Frame::decode(&v), Err(DecodeError::NotSvnic(_))));
+    for t in [0, 6, 255] {
+        let mut v = b.clone();
+        v[15] = t;
+        assert!(matches!(
+            Frame::decode(&v),
+            Err(DecodeError::UnknownCode {
+                what: "frame type",
+                ..
+            })
+        ));
+    }
+    for i in [16, 17] {
+        let mut v = b.clone();
+        v[i] = 1;
+        assert!(matches!(
+            Frame::decode(&v),
+            Err(DecodeError::ReservedNotZero {
+                what: "svnic header flags"
+            })
+        ));
+    }
+}
+
+#[test]
+fn trailing_bytes_that_are_not_padding_are_refused() {
+    let mut b = enc(&frame(create()));
+    b.push(0);
+    assert!(matches!(
+        Frame::decode(&b),
+        Err(DecodeError::BadLength { max: 60, .. })
+    ));
+    let payload = [0u8; 100];
+    let mut b = enc(&frame(FrameBody::Data(data(&payload))));
+    b.push(0);
+    assert!(matches!(
+        Frame::decode(&b),
+        Err(DecodeError::BadLength { .. })
+    ));
+}
+
+#[test]
+fn control_request_errors() {
+    let b = enc(&frame(create()));
+    for op in [0, 3, 255] {
+        let mut v = b.clone();
+        v[body_at(4)] = op;
+        assert!(matches!(
+            Frame::decode(&v),
+            Err(DecodeError::UnknownCode {
+                what: "control request op",
+                ..
+            })
+        ));
+    }
+    for i in [5, 20, 23] {
+        let mut v = b.clone();
+        v[body_at(i)] = 1;
+        assert!(
+            matches!(Frame::decode(&v), Err(DecodeError::ReservedNotZero { .. })),
+            "create byte {i}"
+        );
+    }
+    let b = enc(&frame(destroy()));
+    for i in [5, 7, 12, 20, 39] {
+        let mut v = b.clone();
+        v[body_at(i)] = 1;
+        assert!(
+            matches!(Frame::decode(&v), Err(DecodeError::ReservedNotZero { .. })),
+            "destroy byte {i}"
+        );
+    }
+}
+
+#[test]
+fn control_request_id_survives_malformation() {
+    let mut b = enc(&frame(create()));
+    b[body_at(20)] = 9;
+    assert!(Frame::decode(&b).is_err());
+    assert_eq!(control_request_id(&b), Some(7));
+    let w = enc(&frame(FrameBody::Wake {
+        channel: ChannelId(1),
+    }));
+    assert_eq!(control_request_id(&w), None);
+    assert_eq!(control_request_id(&b[..20]), None);
+}
+
+#[test]
+fn control_response_errors() {
+    let ok = enc(&frame(response(ControlStatus::Success {
+        worker: 1,
+        cpu: Some(3),
+    })));
+    let pending = enc(&frame(response(ControlStatus::Pending)));
+    let failure = enc(&frame(response(ControlStatus::Failure(
+        FailureReason::QuotaExceeded,
+    ))));
+
+    for s in [0, 5, 255] {
+        let mut v = ok.clone();
+        v[body_at(4)] = s;
+        assert!(matches!(
+            Frame::decode(&v),
+            Err(DecodeError::UnknownCode {
+                what: "control response status",
+                ..
+            })
+        ));
+    }
+    let mut v = ok.clone();
+    v[body_at(5)] = 1;
+    assert!(matches!(
+        Frame::decode(&v),
+        Err(DecodeError::ReservedNotZero { .. })
+    ));
+    // A reason on Success or Pending.
+    for b in [&ok, &pending] {
+        let mut v = b.clone();
+        v[body_at(6)] = 1;
+        assert!(matches!(
+            Frame::decode(&v),
+            Err(DecodeError::ReservedNotZero { .. })
+        ));
+    }
+    // Worker or CPU on a status other than Success.
+    for (b, i) in [(&pending, 12), (&failure, 16)] {
+        let mut v = b.clone();
+        v[body_at(i)] = 1;
+        assert!(matches!(
+            Frame::decode(&v),
+            Err(DecodeError::ReservedNotZero { .. })
+        ));
+    }
+    // Failure with reason 0 or an unknown reason.
+    for r in [0u16, 999] {
+        let mut v = failure.clone();
+        v[body_at(6)..body_at(8)].copy_from_slice(&r.to_le_bytes());
+        assert!(matches!(
+            Frame::decode(&v),
+            Err(DecodeError::UnknownCode {
+                what: "FailureReason",
+                ..
+            })
+        ));
+    }
+    // CPU -2.
+    let mut v = ok.clone();
+    v[body_at(16)..body_at(20)].copy_from_slice(&(-2i32).to_le_bytes());
+    assert!(matches!(
+        Frame::decode(&v),
+        Err(DecodeError::UnknownCode { .. })
+    ));
+    // ... and the encoder refuses a CPU that does not fit an i32.
+    let f = frame(response(ControlStatus::Success {
+        worker: 0,
+        cpu: Some(1 << 31),
+    }));
+    assert!(matches!(f.encode(), Err(DecodeError::BadLength { .. })));
+}
+
+#[test]
+fn data_frame_errors() {
+    let payload = [3u8; 20];
+    let b = enc(&frame(FrameBody::Data(data(&payload))));
+    let put32 = |v: &mut Vec<u8>, i: usize, x: u32| {
+        v[body_at(i)..body_at(i + 4)].copy_from_slice(&x.to_le_bytes())
+    };
+
+    for k in [0, 3] {
+        let mut v = b.clone();
+        v[body_at(8)] = k;
+        assert!(matches!(
+            Frame::decode(&v),
+            Err(DecodeError::UnknownCode {
+                what: "data message kind",
+                ..
+            })
+        ));
+    }
+    // WANT_COMPLETION is not a DMA-data flag; unknown bits never are.
+    for f in [FLAG_WANT_COMPLETION, 0x80] {
+        let mut v = b.clone();
+        v[body_at(9)] = f;
+        assert!(matches!(
+            Frame::decode(&v),
+            Err(DecodeError::BadFlags { .. })
+        ));
+    }
+    // total_len above the kind's maximum.
+    let mut v = b.clone();
+    put32(&mut v, 14, MAX_DATA_LEN + 1);
+    assert!(matches!(
+        Frame::decode(&v),
+        Err(DecodeError::BadLength { .. })
+    ));
+    let mut v = b.clone();
+    v[body_at(8)] = DataKind::UserData.code();
+    put32(&mut v, 14, INLINE_CAPACITY as u32 + 1);
+    put32(&mut v, 18, 0);
+    assert!(matches!(
+        Frame::decode(&v),
+        Err(DecodeError::BadLength { .. })
+    ));
+    // frag_offset + frag_len past total_len, including a u32 overflow.
+    for off in [11, u32::MAX] {
+        let mut v = b.clone();
+        put32(&mut v, 18, off);
+        assert!(matches!(
+            Frame::decode(&v),
+            Err(DecodeError::BadLength { .. })
+        ));
+    }
+    // An empty fragment of a non-empty message.
+    let f = frame(FrameBody::Data(data(&[])));
+    assert!(matches!(f.encode(), Err(DecodeError::BadLength { .. })));
+    // The encoder refuses a fragment longer than frag_len can say.
+    let big = vec![0u8; 70_000];
+    let mut d = data(&big);
+    d.total_len = 80_000;
+    d.frag_offset = 0;
+    assert!(matches!(
+        frame(FrameBody::Data(d)).encode(),
+        Err(DecodeError::BadLength { .. })
+    ));
+}
+
+#[test]
+fn encode_into_appends_and_leaves_the_buffer_alone_on_error() {
+    let mut out = vec![1, 2, 3];
+    frame(destroy()).encode_into(&mut out).unwrap();
+    assert_eq!(out.len(), 3 + MIN_FRAME_LEN);
+    assert_eq!(Frame::decode(&out[3..]), Ok(frame(destroy())));
+    let bad = frame(FrameBody::Data(data(&[])));
+    assert!(bad.encode_into(&mut out).is_err());
+    assert_eq!(out.len(), 3 + MIN_FRAME_LEN);
+}
+
+// ---------------------------------------------------------------- property tests
+
+fn mac() -> impl Strategy<Value = MacAddr> {
+    any::<[u8; 6]>().prop_map(MacAddr)
+}
+
+fn control_body() -> impl Strategy<Value = FrameBody<'static>> {
+    let create = (
+        any::<u32>(),
+        mac(),
+        any::<u32>(),
+        any::<u32>(),
+        any::<u64>(),
+        any::<u64>(),
+    )
+        .prop_map(
+            |(request_id, mac, endpoint, ring_size, region_addr, region_len)| {
+                FrameBody::ControlRequest(ControlRequest {
+                    request_id,
+                    op: ControlOp::Create(CreateRequest {
+                        mac,
+                        endpoint,
+                        ring_size,
+                        region_addr,
+                        region_len,
+                    }),
+                })
+            },
+        );
+    let destroy = (any::<u32>(), any::<u32>()).prop_map(|(request_id, c)| {
+        FrameBody::ControlRequest(ControlRequest {
+            request_id,
+            op: ControlOp::Destroy {
+                channel: ChannelId(c),
+            },
+        })
+    });
+    let status = prop_oneof![
+        Just(ControlStatus::Pending),
+        Just(ControlStatus::Destroyed),
+        (any::<u32>(), proptest::option::of(0..=i32::MAX as u32))
+            .prop_map(|(worker, cpu)| ControlStatus::Success { worker, cpu }),
+        proptest::sample::select(FailureReason::ALL).prop_map(ControlStatus::Failure),
+    ];
+    let response = (any::<u32>(), any::<u32>(), status).prop_map(|(request_id, c, status)| {
+        FrameBody::ControlResponse(ControlResponse {
+            request_id,
+            channel: ChannelId(c),
+            status,
+        })
+    });
+    let notify = (any::<bool>(), any::<u32>()).prop_map(|(door, c)| {
+        let channel = ChannelId(c);
+        if door {
+            FrameBody::Doorbell { channel }
+        } else {
+            FrameBody::Wake { channel }
+        }
+    });
+    prop_oneof![create, destroy, response, notify]
+}
+
+/// A valid data frame (with an empty placeholder payload) and its payload.
+fn data_parts() -> impl Strategy<Value = (DataFrame<'static>, Vec<u8>)> {
+    let kind = prop_oneof![Just(DataKind::UserData), Just(DataKind::DmaData)];
+    (kind, prop_oneof![0u32..=64, 0u32..=MAX_DATA_LEN])
+        .prop_flat_map(|(kind, total)| {
+            let total = total.min(kind.max_len());
+            let min_len = u32::from(total > 0);
+            let len = min_len..=total.min(1600);
+            (Just(kind), Just(total), len)
+        })
+        .prop_flat_map(|(kind, total, len)| {
+            (
+                Just(kind),
+                Just(total),
+                0..=total - len,
+                proptest::collection::vec(any::<u8>(), len as usize),
+                (0..=kind.allowed_flags()).prop_map(move |f| f & kind.allowed_flags()),
+                any::<(u32, u32, u32, u64)>(),
+            )
+        })
+        .prop_map(
+            |(kind, total_len, frag_offset, payload, msg_flags, (s, d, id, cookie))| {
+                (
+                    DataFrame {
+                        src_endpoint: s,
+                        dst_endpoint: d,
+                        kind,
+                        msg_flags,
+                        message_id: id,
+                        total_len,
+                        frag_offset,
+                        cookie,
+                        payload: &[],
+                    },
+                    payload,
+                )
+            },
+        )
+}
+
+/// Encodes a frame built from `dst`, `src` and either a control body or data parts.
+fn build<'a>(
+    dst: MacAddr,
+    src: MacAddr,
+    body: &Result<FrameBody<'static>, (DataFrame<'static>, Vec<u8>)>,
+    storage: &'a mut Vec<u8>,
+) -> Frame<'a> {
+    match body {
+        Ok(b) => Frame { dst, src, body: *b },
+        Err((d, p)) => {
+            storage.clone_from(p);
+            let mut d: DataFrame<'a> = *d;
+            d.payload = storage;
+            Frame {
+                dst,
+                src,
+                body: FrameBody::Data(d),
+            }
+        }
+    }
+}
+
+fn any_body() -> impl Strategy<Value = Result<FrameBody<'static>, (DataFrame<'static>, Vec<u8>)>> {
+    prop_oneof![control_body().prop_map(Ok), data_parts().prop_map(Err)]
+}
+
+proptest! {
+    #[test]
+    fn every_frame_type_round_trips(dst in mac(), src in mac(), body in any_body()) {
+        let mut storage = Vec::new();
+        let f = build(dst, src, &body, &mut storage);
+        let bytes = f.encode().unwrap();
+        prop_assert_eq!(bytes.len(), f.encoded_len());
+        prop_assert!(bytes.len() >= MIN_FRAME_LEN);
+        prop_assert_eq!(Frame::decode(&bytes), Ok(f));
+        // Unpadded, it decodes too.
+        prop_assert_eq!(Frame::decode(&bytes[..f.content_len()]), Ok(f));
+    }
+
+    #[test]
+    fn decode_of_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+        check_canonical(&bytes)?;
+    }
+
+    #[test]
+    fn decode_of_mutated_frames_never_panics(
+        dst in mac(), src in mac(), body in any_body(),
+        edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..6),
+        cut in any::<prop::sample::Index>(), extend in 0usize..4,
+    ) {
+        let mut storage = Vec::new();
+        let mut bytes = build(dst, src, &body, &mut storage).encode().unwrap();
+        for (i, v) in edits {
+            let i = i.index(bytes.len());
+            bytes[i] = v;
+        }
+        bytes.extend(std::iter::repeat_n(0xa5, extend));
+        check_canonical(&bytes)?;
+        check_canonical(&bytes[..cut.index(bytes.len() + 1)])?;
+    }
+}
+
+/// Whatever decodes re-encodes to a frame that decodes equal, with the same content bytes.
+fn check_canonical(bytes: &[u8]) -> Result<(), TestCaseError> {
+    if let Ok(f) = Frame::decode(bytes) {
+        let again = f.encode();
+        prop_assert!(again.is_ok(), "{:?} decoded but does not encode", f);
+        let again = again.unwrap_or_default();
+        prop_assert_eq!(Frame::decode(&again), Ok(f));
+        // Canonical: the content bytes are the very same; only padding may differ.
+        let content = f.content_len();
+        prop_assert_eq!(again.get(..content), bytes.get(..content));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- fragmentation and reassembly
+
+fn message(payload: &[u8], kind: DataKind) -> DataMessage<'_> {
+    DataMessage {
+        src_endpoint: 4,
+        dst_endpoint: 5,
+        kind,
+        msg_flags: 0,
+        message_id: 1,
+        cookie: 77,
+        payload,
+    }
+}
+
+fn data_of(bytes: &[u8]) -> (MacAddr, DataFrame<'_>) {
+    match Frame::decode(bytes) {
+        Ok(Frame {
+            src,
+            body: FrameBody::Data(d),
+            ..
+        }) => (src, d),
+        other => panic!("not a data frame: {other:?}"),
+    }
+}
+
+#[test]
+fn fragment_respects_the_mtu_and_the_limits() {
+    let payload: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
+    let frames = fragment(ENGINE, GUEST, &message(&payload, DataKind::DmaData), 1500).unwrap();
+    assert_eq!(frames.len(), 4);
+    assert!(frames.iter().all(|f| f.len() <= 1500 + ETH_HEADER_LEN));
+    assert_eq!(frames[0].len(), 1514);
+
+    assert_eq!(
+        DataMessage::fragment_capacity(MIN_MTU - 1),
+        Err(DecodeError::Truncated {
+            what: "MTU",
+            len: MIN_MTU - 1,
+            need: MIN_MTU
+        })
+    );
+    assert_eq!(DataMessage::fragment_capacity(MIN_MTU), Ok(32));
+    assert_eq!(DataMessage::fragment_capacity(1 << 20), Ok(65535));
+    let big = vec![0u8; MAX_DATA_LEN as usize + 1];
+    assert!(matches!(
+        fragment(ENGINE, GUEST, &message(&big, DataKind::DmaData), 1500),
+        Err(DecodeError::BadLength { .. })
+    ));
+    assert!(matches!(
+        fragment(ENGINE, GUEST, &message(&[0; 41], DataKind::UserData), 1500),
+        Err(DecodeError::BadLength { .. })
+    ));
+    let mut m = message(&[1], DataKind::DmaData);
+    m.msg_flags = FLAG_WANT_COMPLETION;
+    assert!(matches!(
+        fragment(ENGINE, GUEST, &m, 1500),
+        Err(DecodeError::BadFlags { .. })
+    ));
+    // An empty message is one empty fragment, and reassembles at once.
+    let frames = fragment(ENGINE, GUEST, &message(&[], DataKind::UserData), 1500).unwrap();
+    assert_eq!(frames.len(), 1);
+    let (src, d) = data_of(&frames[0]);
+    let mut r = Reassembler::new(ReassemblyLimits::default());
+    match r.push(src, &d) {
+        PushOutcome::Complete(m) => assert!(m.payload.is_empty()),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn reassembler_evicts_the_oldest_partial_message() {
+    let mut r = Reassembler::new(ReassemblyLimits {
+        max_messages: 2,
+        max_bytes: 1 << 20,
+        remember_completed: 4,
+    });
+    let payload = vec![9u8; 300];
+    let mut firsts = Vec::new();
+    for id in 0..3 {
+        let mut m = message(&payload, DataKind::DmaData);
+        m.message_id = id;
+        let frames = fragment(ENGINE, GUEST, &m, 200).unwrap();
+        let (src, d) = data_of(&frames[0]);
+        assert_eq!(r.push(src, &d), PushOutcome::Incomplete);
+        firsts.push(frames);
+    }
+    assert_eq!(r.in_progress(), 2);
+    assert_eq!(r.stats().evicted, 1);
+    // Message 0 was evicted: its second fragment starts it over and it cannot complete.
+    let (src, d) = data_of(&firsts[0][1]);
+    assert_eq!(r.push(src, &d), PushOutcome::Incomplete);
+    assert_eq!(r.stats().evicted, 2);
+    // Message 2 completes.
+    let (src, d) = data_of(&firsts[2][1]);
+    assert!(matches!(r.push(src, &d), PushOutcome::Complete(_)));
+    assert_eq!(r.in_progress(), 1);
+}
+
+#[test]
+fn reassembler_respects_its_byte_budget() {
+    let limits = ReassemblyLimits {
+        max_messages: 100,
+        max_bytes: 10_000,
+        remember_completed: 0,
+    };
+    let mut r = Reassembler::new(limits);
+    let payload = vec![1u8; 4000];
+    for id in 0..10 {
+        let mut m = message(&payload, DataKind::DmaData);
+        m.message_id = id;
+        let frames = fragment(ENGINE, GUEST, &m, 1500).unwrap();
+        let (src, d) = data_of(&frames[0]);
+        assert_eq!(r.push(src, &d), PushOutcome::Incomplete);
+        assert!(r.buffered_bytes() <= limits.max_bytes);
+    }
+    assert_eq!(r.in_progress(), 2);
+    assert_eq!(r.stats().evicted, 8);
+    // A message larger than the whole budget is refused outright.
+    let big = vec![0u8; 20_000];
+    let frames = fragment(ENGINE, GUEST, &message(&big, DataKind::DmaData), 1500).unwrap();
+    let (src, d) = data_of(&frames[0]);
+    assert_eq!(r.push(src, &d), PushOutcome::TooLarge);
+    assert_eq!(r.stats().too_large, 1);
+    r.clear();
+    assert_eq!((r.in_progress(), r.buffered_bytes()), (0, 0));
+}
+
+#[test]
+fn reassembler_handles_conflicts_duplicates_and_invalid_fragments() {
+    let mut r = Reassembler::new(ReassemblyLimits::default());
+    let payload = vec![5u8; 3000];
+    let frames = fragment(ENGINE, GUEST, &message(&payload, DataKind::DmaData), 1500).unwrap();
+    let (src, d0) = data_of(&frames[0]);
+    assert_eq!(r.push(src, &d0), PushOutcome::Incomplete);
+    assert_eq!(r.push(src, &d0), PushOutcome::Duplicate);
+    // Same key, different cookie: the partial message is replaced.
+    let mut other = d0;
+    other.cookie = 1;
+    assert_eq!(r.push(src, &other), PushOutcome::Incomplete);
+    assert_eq!(r.stats().conflicts, 1);
+    assert_eq!(r.in_progress(), 1);
+    // The same fragment from another source MAC is another message.
+    assert_eq!(r.push(ENGINE, &d0), PushOutcome::Incomplete);
+    assert_eq!(r.in_progress(), 2);
+    // Invalid fragments are refused and counted.
+    let mut bad = d0;
+    bad.frag_offset = u32::MAX;
+    assert!(matches!(r.push(src, &bad), PushOutcome::Invalid(_)));
+    assert_eq!(r.stats().invalid, 1);
+    // Complete the ENGINE one, then replay its fragments: all duplicates.
+    let mut done = 0;
+    for f in &frames {
+        let (_, d) = data_of(f);
+        if let PushOutcome::Complete(m) = r.push(ENGINE, &d) {
+            assert_eq!(m.payload, payload);
+            assert_eq!(m.src, ENGINE);
+            done += 1;
+        }
+    }
+    assert_eq!(done, 1);
+    for f in &frames {
+        let (_, d) = data_of(f);
+        assert_eq!(r.push(ENGINE, &d), PushOutcome::Duplicate);
+    }
+    assert_eq!(r.remembered(), 1);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn fragment_and_reassemble_in_any_order(
+        len in prop_oneof![0usize..100, 0usize..70_000],
+        mtu in prop_oneof![MIN_MTU..200, 200usize..9001],
+        order in any::<prop::sample::Index>(),
+        dups in proptest::collection::vec(any::<prop::sample::Index>(), 0..8),
+        seed in any::<u64>(),
+    ) {
+        let payload: Vec<u8> = (0..len).map(|i| (i as u64).wrapping_mul(seed | 1) as u8).collect();
+        let msg = message(&payload, DataKind::DmaData);
+        let frames = fragment(ENGINE, GUEST, &msg, mtu).unwrap();
+        prop_assert_eq!(frames.len(), msg.fragments(mtu).unwrap().len());
+        prop_assert!(frames.iter().all(|f| f.len() <= (mtu + ETH_HEADER_LEN).max(MIN_FRAME_LEN)));
+        // A permutation of the fragments (a rotation then a reversal of part of it), with
+        // duplicates inserted.
+        let mut seq: Vec<usize> = (0..frames.len()).collect();
+        seq.rotate_left(order.index(frames.len()));
+        let half = seq.len() / 2;
+        seq[..half].reverse();
+        for d in &dups {
+            let f = d.index(frames.len());
+            let at = d.index(seq.len() + 1);
+            seq.insert(at, f);
+        }
+        let mut r = Reassembler::new(ReassemblyLimits::default());
+        let mut got = None;
+        for i in seq {
+            let (src, d) = data_of(&frames[i]);
+            match r.push(src, &d) {
+                PushOutcome::Complete(m) => {
+                    prop_assert!(got.is_none(), "completed twice");
+                    got = Some(m);
+                }
+                PushOutcome::Incomplete | PushOutcome::Duplicate => {}
+                other => prop_assert!(false, "{:?}", other),
+            }
+        }
+        let m = got.unwrap_or_else(|| panic!("never completed"));
+        prop_assert_eq!(&m.payload, &payload);
+        prop_assert_eq!((m.src, m.src_endpoint, m.dst_endpoint, m.cookie), (GUEST, 4, 5, 77));
+        prop_assert_eq!(r.in_progress(), 0);
+        prop_assert_eq!(r.buffered_bytes(), 0);
+    }
+}
