@@ -240,7 +240,7 @@ impl<'a> ChannelMem<'a> {
     pub fn peer_sleeping(&self, flag_offset: usize) -> bool {
         fence(Ordering::SeqCst);
         self.load(flag_offset, Ordering::Relaxed)
-            .map_or(false, |v| v != 0)
+            .is_ok_and(|v| v != 0)
     }
 
     fn slot_offset(&self, kind: RingKind, index: u32) -> usize {
@@ -466,11 +466,11 @@ mod tests {
         let mut buf = region(64 << 10);
         let m = ChannelMem::new(mem_of(&mut buf), layout).unwrap();
         assert!(
-            ChannelMem::from_header(m.slice().clone()).is_err(),
+            ChannelMem::from_header(*m.slice()).is_err(),
             "not ready yet"
         );
         m.init_header(7, 1, Some(3)).unwrap();
-        let c = ChannelMem::from_header(m.slice().clone()).unwrap();
+        let c = ChannelMem::from_header(*m.slice()).unwrap();
         assert_eq!(*c.layout(), layout);
         assert_eq!(c.served_by(), (7, 1, Some(3)));
         assert_eq!(c.fault(), None);
