@@ -1,1 +1,12 @@
-//! placeholder
+//! # svnic-backend: the svnic host daemon as a library
+//!
+//! - [`engine`]: the communications engine (workers polling channels, delivery, control path).
+//!
+//! The binaries around it stay thin.
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+pub mod engine;
+
+pub use engine::{
+    ChannelInfo, ChannelStats, Engine, EngineConfig, EngineError, GuestWaker, Placement, RunState,
+};

@@ -10,7 +10,9 @@ use std::any::Any;
 use std::sync::Arc;
 
 use thiserror::Error;
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, VolatileSlice};
+use vm_memory::{
+    GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, VolatileSlice,
+};
 
 use crate::error::LayoutError;
 use crate::layout::ChannelLayout;
@@ -66,14 +68,24 @@ impl SharedRegion {
     /// the returned region) is alive, and must only ever be accessed through volatile or atomic
     /// operations by anyone (it is shared with another party).
     pub unsafe fn new(ptr: *mut u8, len: usize, keep: Arc<dyn Any + Send + Sync>) -> Self {
-        SharedRegion { ptr, len, _keep: keep }
+        SharedRegion {
+            ptr,
+            len,
+            _keep: keep,
+        }
     }
 
     /// The range `addr..addr+len` of a guest's memory, which must lie inside one memory-table
     /// region. The region keeps `mem` (and so the mapping) alive.
-    pub fn from_guest_memory(mem: Arc<GuestMemoryMmap>, addr: u64, len: u64) -> Result<Self, RegionError> {
+    pub fn from_guest_memory(
+        mem: Arc<GuestMemoryMmap>,
+        addr: u64,
+        len: u64,
+    ) -> Result<Self, RegionError> {
         let outside = RegionError::OutsideMemory { addr, len };
-        let last = addr.checked_add(len.checked_sub(1).ok_or(outside.clone())?).ok_or(outside.clone())?;
+        let last = addr
+            .checked_add(len.checked_sub(1).ok_or(outside.clone())?)
+            .ok_or(outside.clone())?;
         let first_region = mem.find_region(GuestAddress(addr)).ok_or(outside.clone())?;
         let last_region = mem.find_region(GuestAddress(last)).ok_or(outside.clone())?;
         if first_region.start_addr() != last_region.start_addr() {
@@ -83,7 +95,9 @@ impl SharedRegion {
         // contains the whole range.
         let ulen = usize::try_from(len).map_err(|_| outside.clone())?;
         let ptr = {
-            let slice = mem.get_slice(GuestAddress(addr), ulen).map_err(|_| outside.clone())?;
+            let slice = mem
+                .get_slice(GuestAddress(addr), ulen)
+                .map_err(|_| outside.clone())?;
             debug_assert_eq!(slice.len(), ulen);
             slice.ptr_guard_mut().as_ptr()
         };
@@ -124,7 +138,11 @@ mod tests {
     fn two_regions() -> Arc<GuestMemoryMmap> {
         // 0..1 MiB and 1..2 MiB: adjacent but separate memory-table regions; a hole after 2 MiB.
         Arc::new(
-            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20), (GuestAddress(1 << 20), 1 << 20)]).unwrap(),
+            GuestMemoryMmap::from_ranges(&[
+                (GuestAddress(0), 1 << 20),
+                (GuestAddress(1 << 20), 1 << 20),
+            ])
+            .unwrap(),
         )
     }
 

@@ -239,8 +239,11 @@ impl<'a> ChannelMem<'a> {
     /// After publishing: fence, then read the other side's sleeping flag. True means "notify it".
     pub fn peer_sleeping(&self, flag_offset: usize) -> bool {
         fence(Ordering::SeqCst);
+        // If the flag cannot be read, notify anyway: a spurious doorbell costs little, a lost
+        // wakeup stalls the peer.
         self.load(flag_offset, Ordering::Relaxed)
-            .is_ok_and(|v| v != 0)
+            .ok()
+            .is_none_or(|v| v != 0)
     }
 
     fn slot_offset(&self, kind: RingKind, index: u32) -> usize {

@@ -134,7 +134,7 @@ proptest! {
                     let before = cp.channels();
                     match cp.begin_create(last_known[guest], &r) {
                         Ok(id) => {
-                            prop_assert!(created.last().map_or(true, |l| id > *l));
+                            prop_assert!(created.last().is_none_or(|l| id > *l));
                             created.push(id);
                         }
                         Err(reason) => {
@@ -167,7 +167,7 @@ proptest! {
                             // Only the owner (or the operator) may begin it.
                             prop_assert!(requester.is_none() || requester == owner);
                             prop_assert_eq!(t.record.id, id);
-                            prop_assert!(t.payload.map_or(true, |p| p == id));
+                            prop_assert!(t.payload.is_none_or(|p| p == id));
                         }
                     }
                 }

@@ -1,1 +1,8 @@
-//! placeholder
+//! # svnic-guest: the client side of svnic
+//!
+//! What runs in a guest or in a host process: the channel API applications use ([`channel`]),
+//! and (later) the transports that create channels through the engine's control path.
+
+pub mod channel;
+
+pub use channel::{Channel, ChannelError, ClientStats, Doorbell, Waiter};

@@ -1,0 +1,272 @@
+//! The engine's runtime state of one channel, shared (through `Arc`) by the worker that serves
+//! its TX ring and by every worker that delivers into its RX ring.
+//!
+//! The RX side (RX producer, posted-buffer consumer, completion backlog) sits behind one mutex:
+//! any worker may deliver into any channel, so writes to an RX ring are serialised by it, and
+//! `open == false` (set under the same lock at destroy or fault) guarantees that nobody writes
+//! into the channel's memory afterwards.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use log::warn;
+use svnic_channels::layout::header;
+use svnic_channels::{
+    ChannelAddr, ChannelId, ChannelLayout, ChannelMem, Completion, CompletionStatus, Consumer,
+    FaultReason, Message, Producer, RawMessage, RingError, RingKind, SharedRegion,
+};
+use svnic_control::GuestId;
+
+use super::counters::ChannelCounters;
+
+/// Tells a guest that one of its channels has new RX messages while it sleeps.
+pub trait GuestWaker: Send + Sync {
+    /// Wake the guest's poller of `channel`.
+    fn wake(&self, channel: ChannelId);
+}
+
+/// Runtime status of a channel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunState {
+    /// Served normally.
+    Live,
+    /// Faulted: no longer served, no longer delivered to; awaiting destroy.
+    Faulted,
+    /// Destroyed: the engine no longer touches its memory.
+    Destroyed,
+}
+
+const LIVE: u8 = 0;
+const FAULTED: u8 = 1;
+const DESTROYED: u8 = 2;
+
+/// One channel as the engine runs it.
+pub struct EngineChannel {
+    pub(crate) id: ChannelId,
+    pub(crate) guest: GuestId,
+    pub(crate) addr: ChannelAddr,
+    pub(crate) worker: usize,
+    pub(crate) region: SharedRegion,
+    pub(crate) layout: ChannelLayout,
+    pub(crate) rx: Mutex<RxSide>,
+    pub(crate) counters: ChannelCounters,
+    state: AtomicU8,
+    waker: Option<Arc<dyn GuestWaker>>,
+}
+
+impl std::fmt::Debug for EngineChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineChannel")
+            .field("id", &self.id)
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+/// The RX side of a channel: written by whichever worker delivers, under the channel's lock.
+#[derive(Debug)]
+pub(crate) struct RxSide {
+    /// False once destroyed or faulted: nothing is written into the channel any more.
+    pub open: bool,
+    pub rx: Producer,
+    pub post: Consumer,
+    /// Completions for this channel's own sends that found its RX ring full.
+    pub backlog: VecDeque<RawMessage>,
+}
+
+impl EngineChannel {
+    pub(crate) fn new(
+        id: ChannelId,
+        guest: GuestId,
+        addr: ChannelAddr,
+        worker: usize,
+        region: SharedRegion,
+        layout: ChannelLayout,
+        waker: Option<Arc<dyn GuestWaker>>,
+    ) -> Self {
+        EngineChannel {
+            id,
+            guest,
+            addr,
+            worker,
+            rx: Mutex::new(RxSide {
+                open: true,
+                rx: Producer::new(RingKind::Rx, &layout),
+                post: Consumer::new(RingKind::Post, &layout),
+                backlog: VecDeque::new(),
+            }),
+            region,
+            layout,
+            counters: ChannelCounters::default(),
+            state: AtomicU8::new(LIVE),
+            waker,
+        }
+    }
+
+    /// The channel's memory view.
+    pub(crate) fn mem(&self) -> ChannelMem<'_> {
+        match ChannelMem::new(self.region.slice(), self.layout) {
+            Ok(m) => m,
+            // The region was resolved with exactly layout.region_len bytes at create.
+            Err(_) => unreachable!("channel region shorter than its layout"),
+        }
+    }
+
+    /// Locks the RX side. A poisoned lock (a worker panicked while holding it) is still usable:
+    /// the state it protects is indices and a queue, consistent at every await-free step.
+    pub(crate) fn lock_rx(&self) -> MutexGuard<'_, RxSide> {
+        self.rx.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Current run state.
+    pub fn run_state(&self) -> RunState {
+        match self.state.load(Ordering::Acquire) {
+            LIVE => RunState::Live,
+            FAULTED => RunState::Faulted,
+            _ => RunState::Destroyed,
+        }
+    }
+
+    pub(crate) fn is_live(&self) -> bool {
+        self.state.load(Ordering::Acquire) == LIVE
+    }
+
+    /// Faults the channel: records why in its header, closes its RX side. Idempotent.
+    pub(crate) fn fault(&self, reason: FaultReason, err: &RingError) {
+        if self
+            .state
+            .compare_exchange(LIVE, FAULTED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            warn!(
+                "{} ({}, guest {}): {}; channel faulted ({})",
+                self.id, self.addr, self.guest.0, err, reason
+            );
+            let mut rx = self.lock_rx();
+            if rx.open {
+                self.mem().set_fault(reason);
+                rx.open = false;
+            }
+            let dropped = rx.backlog.len() as u64;
+            rx.backlog.clear();
+            self.counters.add_completions(0, dropped);
+        }
+    }
+
+    /// Marks the channel destroyed and closes its RX side; after this returns no worker writes
+    /// into its memory through the RX side.
+    pub(crate) fn close(&self) {
+        self.state.store(DESTROYED, Ordering::Release);
+        let mut rx = self.lock_rx();
+        rx.open = false;
+        let dropped = rx.backlog.len() as u64;
+        rx.backlog.clear();
+        self.counters.add_completions(0, dropped);
+    }
+
+    /// Wakes the guest if it advertised sleeping (called after publishing RX).
+    pub(crate) fn wake_if_sleeping(&self, mem: &ChannelMem<'_>) {
+        if let Some(w) = &self.waker {
+            if mem.peer_sleeping(header::GUEST_SLEEPING) {
+                self.counters.wake_sent();
+                w.wake(self.id);
+            }
+        }
+    }
+
+    /// Writes completions for this channel's own sends: into the RX ring while there is room,
+    /// the rest into the backlog (flushed on later passes). Publishes and wakes.
+    pub(crate) fn post_completions(&self, completions: &mut Vec<RawMessage>) {
+        if completions.is_empty() {
+            return;
+        }
+        let mem = self.mem();
+        let mut rx = self.lock_rx();
+        if !rx.open {
+            self.counters.add_completions(0, completions.len() as u64);
+            completions.clear();
+            return;
+        }
+        let mut posted = 0;
+        let result = (|| -> Result<(), RingError> {
+            rx.flush_backlog(&mem, &mut posted)?;
+            for c in completions.iter() {
+                if rx.backlog.is_empty() && rx.rx.cached_free() == 0 {
+                    rx.rx.free(&mem)?;
+                }
+                if rx.backlog.is_empty() && rx.rx.push(&mem, c)? {
+                    posted += 1;
+                } else {
+                    rx.backlog.push_back(*c);
+                }
+            }
+            rx.rx.publish(&mem)
+        })();
+        completions.clear();
+        drop(rx);
+        self.counters.add_completions(posted, 0);
+        match result {
+            Ok(()) => self.wake_if_sleeping(&mem),
+            Err(e) => self.fault(FaultReason::RxIndex, &e),
+        }
+    }
+
+    /// Flushes the completion backlog (serving worker, each pass). Returns the backlog length left.
+    pub(crate) fn flush_backlog(&self) -> usize {
+        let mem = self.mem();
+        let mut rx = self.lock_rx();
+        if rx.backlog.is_empty() || !rx.open {
+            return rx.backlog.len();
+        }
+        let mut posted = 0;
+        let result = rx
+            .flush_backlog(&mem, &mut posted)
+            .and_then(|_| rx.rx.publish(&mem));
+        let left = rx.backlog.len();
+        drop(rx);
+        self.counters.add_completions(posted, 0);
+        match result {
+            Ok(()) => {
+                if posted > 0 {
+                    self.wake_if_sleeping(&mem);
+                }
+            }
+            Err(e) => self.fault(FaultReason::RxIndex, &e),
+        }
+        left
+    }
+}
+
+impl RxSide {
+    fn flush_backlog(&mut self, mem: &ChannelMem<'_>, posted: &mut u64) -> Result<(), RingError> {
+        if self.backlog.is_empty() {
+            return Ok(());
+        }
+        self.rx.free(mem)?;
+        while let Some(c) = self.backlog.front() {
+            if !self.rx.push(mem, c)? {
+                break;
+            }
+            self.backlog.pop_front();
+            *posted += 1;
+        }
+        Ok(())
+    }
+}
+
+/// A completion message for a message sent to `peer` with `cookie`.
+pub(crate) fn completion(
+    peer: ChannelAddr,
+    cookie: u64,
+    status: CompletionStatus,
+    len: u32,
+) -> RawMessage {
+    Message::Completion(Completion {
+        peer,
+        cookie,
+        status,
+        len,
+    })
+    .encode()
+}

@@ -1,0 +1,149 @@
+//! Engine settings, validated before anything starts.
+
+use std::time::Duration;
+
+use thiserror::Error;
+
+/// How a new channel is assigned to a worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Placement {
+    /// Open-MX style: a hash of the endpoint id picks the worker, so an endpoint always lands on
+    /// the same worker (and CPU) whatever else exists. Stateless and predictable.
+    #[default]
+    EndpointHash,
+    /// The worker serving the fewest channels.
+    LeastLoaded,
+}
+
+/// Engine settings.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Number of worker threads ("microengines"), 1..=64.
+    pub workers: usize,
+    /// At most this many TX messages of one channel per pass (fairness between channels).
+    pub poll_budget: u32,
+    /// How long a message may wait for room (RX ring full, no posted buffer) before its sender
+    /// gets an error completion.
+    pub backpressure_wait: Duration,
+    /// Idle passes a worker spins before it starts yielding.
+    pub spin_passes: u32,
+    /// Idle passes (spinning + yielding) before a worker advertises sleeping and blocks.
+    pub idle_passes: u32,
+    /// Longest a sleeping worker blocks before it re-checks its channels anyway.
+    pub max_sleep: Duration,
+    /// Worker placement policy.
+    pub placement: Placement,
+    /// Pin worker i to CPU i modulo the CPUs available, and tell clients which CPU serves them.
+    pub pin_workers: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            workers: 1,
+            poll_budget: 64,
+            backpressure_wait: Duration::from_millis(100),
+            spin_passes: 2_000,
+            idle_passes: 4_000,
+            max_sleep: Duration::from_millis(200),
+            placement: Placement::EndpointHash,
+            pin_workers: false,
+        }
+    }
+}
+
+/// A setting out of range.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[error("engine setting {field} = {value} is invalid: {expected}")]
+pub struct ConfigError {
+    /// Setting name.
+    pub field: &'static str,
+    /// Value given.
+    pub value: String,
+    /// What is allowed.
+    pub expected: &'static str,
+}
+
+impl EngineConfig {
+    /// Checks every field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let err = |field, value: String, expected| {
+            Err(ConfigError {
+                field,
+                value,
+                expected,
+            })
+        };
+        if !(1..=64).contains(&self.workers) {
+            return err("workers", self.workers.to_string(), "1..=64");
+        }
+        if !(1..=4096).contains(&self.poll_budget) {
+            return err("poll_budget", self.poll_budget.to_string(), "1..=4096");
+        }
+        if self.backpressure_wait > Duration::from_secs(60) {
+            return err(
+                "backpressure_wait",
+                format!("{:?}", self.backpressure_wait),
+                "at most 60 s",
+            );
+        }
+        if self.spin_passes > self.idle_passes {
+            return err(
+                "spin_passes",
+                self.spin_passes.to_string(),
+                "at most idle_passes",
+            );
+        }
+        if self.max_sleep.is_zero() || self.max_sleep > Duration::from_secs(10) {
+            return err(
+                "max_sleep",
+                format!("{:?}", self.max_sleep),
+                "between 1 ns and 10 s",
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_each_bad_field_is_named() {
+        assert!(EngineConfig::default().validate().is_ok());
+        let bad = [
+            EngineConfig {
+                workers: 0,
+                ..Default::default()
+            },
+            EngineConfig {
+                poll_budget: 0,
+                ..Default::default()
+            },
+            EngineConfig {
+                backpressure_wait: Duration::from_secs(61),
+                ..Default::default()
+            },
+            EngineConfig {
+                spin_passes: 10,
+                idle_passes: 5,
+                ..Default::default()
+            },
+            EngineConfig {
+                max_sleep: Duration::ZERO,
+                ..Default::default()
+            },
+        ];
+        let fields = [
+            "workers",
+            "poll_budget",
+            "backpressure_wait",
+            "spin_passes",
+            "max_sleep",
+        ];
+        for (c, f) in bad.iter().zip(fields) {
+            assert_eq!(c.validate().unwrap_err().field, f);
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! Per-channel and per-worker counters. Every message taken from a TX ring is counted once as
+//! delivered or once under the status of its error completion, so that
+//! `tx_taken == tx_delivered + sum(tx_errors)` holds at every quiescent point.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use svnic_channels::CompletionStatus;
+
+const N_STATUS: usize = 16;
+
+/// Counters of one channel (atomics: the serving worker and delivering workers update them).
+#[derive(Debug, Default)]
+pub struct ChannelCounters {
+    tx_taken: AtomicU64,
+    tx_delivered: AtomicU64,
+    tx_errors: [AtomicU64; N_STATUS],
+    rx_messages: AtomicU64,
+    rx_bytes: AtomicU64,
+    completions_posted: AtomicU64,
+    completions_dropped: AtomicU64,
+    backpressure_holds: AtomicU64,
+    bad_posts: AtomicU64,
+    wakes_sent: AtomicU64,
+}
+
+/// A snapshot of [`ChannelCounters`].
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ChannelStats {
+    /// Messages taken from the TX ring.
+    pub tx_taken: u64,
+    /// Of those, delivered.
+    pub tx_delivered: u64,
+    /// Of those, error-completed, by status.
+    pub tx_errors: Vec<(CompletionStatus, u64)>,
+    /// Messages written into this channel's RX ring as a destination.
+    pub rx_messages: u64,
+    /// DMA-data bytes copied into this channel.
+    pub rx_bytes: u64,
+    /// Completions written into this channel's RX ring.
+    pub completions_posted: u64,
+    /// Completions that could not be written because the channel went away.
+    pub completions_dropped: u64,
+    /// Times a message of this channel had to wait for room at its destination.
+    pub backpressure_holds: u64,
+    /// Posted buffers refused.
+    pub bad_posts: u64,
+    /// Wakes sent to this channel's sleeping guest.
+    pub wakes_sent: u64,
+}
+
+impl ChannelStats {
+    /// Sum of all error completions.
+    pub fn tx_errors_total(&self) -> u64 {
+        self.tx_errors.iter().map(|(_, n)| n).sum()
+    }
+
+    /// Error completions with `status`.
+    pub fn errors(&self, status: CompletionStatus) -> u64 {
+        self.tx_errors
+            .iter()
+            .find(|(s, _)| *s == status)
+            .map_or(0, |(_, n)| *n)
+    }
+}
+
+/// Counts accumulated by a worker during one pass over one channel, added to the atomics once.
+#[derive(Debug, Default)]
+pub(crate) struct TxTally {
+    pub taken: u64,
+    pub delivered: u64,
+    pub errors: [u64; N_STATUS],
+    pub holds: u64,
+}
+
+impl TxTally {
+    pub fn error(&mut self, s: CompletionStatus) {
+        self.taken += 1;
+        if let Some(e) = self.errors.get_mut(usize::from(s.code())) {
+            *e += 1;
+        }
+    }
+    pub fn delivered(&mut self) {
+        self.taken += 1;
+        self.delivered += 1;
+    }
+}
+
+impl ChannelCounters {
+    pub(crate) fn add_tx(&self, t: &TxTally) {
+        if t.taken == 0 && t.holds == 0 {
+            return;
+        }
+        self.tx_taken.fetch_add(t.taken, Relaxed);
+        self.tx_delivered.fetch_add(t.delivered, Relaxed);
+        self.backpressure_holds.fetch_add(t.holds, Relaxed);
+        for (i, n) in t.errors.iter().enumerate() {
+            if *n > 0 {
+                self.tx_errors[i].fetch_add(*n, Relaxed);
+            }
+        }
+    }
+    pub(crate) fn add_rx(&self, messages: u64, bytes: u64) {
+        self.rx_messages.fetch_add(messages, Relaxed);
+        self.rx_bytes.fetch_add(bytes, Relaxed);
+    }
+    pub(crate) fn add_completions(&self, posted: u64, dropped: u64) {
+        self.completions_posted.fetch_add(posted, Relaxed);
+        self.completions_dropped.fetch_add(dropped, Relaxed);
+    }
+    pub(crate) fn bad_post(&self) {
+        self.bad_posts.fetch_add(1, Relaxed);
+    }
+    pub(crate) fn wake_sent(&self) {
+        self.wakes_sent.fetch_add(1, Relaxed);
+    }
+
+    /// A consistent-enough snapshot (each field read once, relaxed).
+    pub fn snapshot(&self) -> ChannelStats {
+        let tx_errors = CompletionStatus::ALL
+            .iter()
+            .filter(|s| **s != CompletionStatus::Ok)
+            .map(|s| (*s, self.tx_errors[usize::from(s.code())].load(Relaxed)))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        ChannelStats {
+            tx_taken: self.tx_taken.load(Relaxed),
+            tx_delivered: self.tx_delivered.load(Relaxed),
+            tx_errors,
+            rx_messages: self.rx_messages.load(Relaxed),
+            rx_bytes: self.rx_bytes.load(Relaxed),
+            completions_posted: self.completions_posted.load(Relaxed),
+            completions_dropped: self.completions_dropped.load(Relaxed),
+            backpressure_holds: self.backpressure_holds.load(Relaxed),
+            bad_posts: self.bad_posts.load(Relaxed),
+            wakes_sent: self.wakes_sent.load(Relaxed),
+        }
+    }
+}
+
+/// Counters of one worker.
+#[derive(Debug, Default)]
+pub struct WorkerCounters {
+    pub(crate) passes: AtomicU64,
+    pub(crate) messages: AtomicU64,
+    pub(crate) sleeps: AtomicU64,
+    pub(crate) doorbells: AtomicU64,
+    pub(crate) faults: AtomicU64,
+    pub(crate) channels: AtomicU64,
+}
+
+/// A snapshot of [`WorkerCounters`].
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct WorkerStats {
+    /// Worker index.
+    pub worker: usize,
+    /// Host CPU it is pinned to.
+    pub cpu: Option<u32>,
+    /// Passes over its channels that found work.
+    pub passes: u64,
+    /// TX messages processed.
+    pub messages: u64,
+    /// Times it advertised sleeping and blocked.
+    pub sleeps: u64,
+    /// Doorbells received.
+    pub doorbells: u64,
+    /// Channels it faulted.
+    pub faults: u64,
+    /// Channels it serves now.
+    pub channels: u64,
+}
+
+impl WorkerCounters {
+    pub(crate) fn snapshot(&self, worker: usize, cpu: Option<u32>) -> WorkerStats {
+        WorkerStats {
+            worker,
+            cpu,
+            passes: self.passes.load(Relaxed),
+            messages: self.messages.load(Relaxed),
+            sleeps: self.sleeps.load(Relaxed),
+            doorbells: self.doorbells.load(Relaxed),
+            faults: self.faults.load(Relaxed),
+            channels: self.channels.load(Relaxed),
+        }
+    }
+}
+
+const _: () = assert!(N_STATUS > 10, "room for every CompletionStatus code");

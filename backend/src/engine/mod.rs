@@ -1,0 +1,341 @@
+//! The engine: the emulated communications engine of the self-virtualized NIC.
+//!
+//! [`Engine`] is the facade the daemon (and tests) use: register guests with their memory,
+//! create and destroy channels through the control plane (Pending -> Success | Failure ->
+//! Destroyed), ring doorbells, read counters. Worker threads ([`worker`]) do the data path.
+
+mod channel;
+mod config;
+mod counters;
+mod deliver;
+mod worker;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use log::{info, warn};
+use svnic_channels::{
+    ChannelAddr, ChannelId, ChannelLayout, FailureReason, RegionError, SharedRegion,
+};
+use svnic_control::{
+    ChannelRecord, ChannelState, ControlPlane, CreateRequest, GuestId, GuestPolicy,
+};
+use thiserror::Error;
+use vm_memory::GuestMemoryMmap;
+
+pub use channel::{EngineChannel, GuestWaker, RunState};
+pub use config::{ConfigError, EngineConfig, Placement};
+pub use counters::{ChannelStats, WorkerStats};
+
+use worker::WorkerHandle;
+
+/// The control plane as the engine instantiates it: routes carry the runtime channel.
+pub(crate) type Control = ControlPlane<Arc<EngineChannel>>;
+
+/// Errors of engine management operations (not of channel requests, which answer with a
+/// [`FailureReason`]).
+#[derive(Debug, Error)]
+pub enum EngineError {
+    /// Invalid configuration.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A worker thread or its eventfd could not be created.
+    #[error("cannot start worker: {0}")]
+    Spawn(#[source] std::io::Error),
+    /// The guest registry refused the request.
+    #[error("guest registry: {0}")]
+    Control(#[from] svnic_control::ControlError),
+    /// No such guest.
+    #[error("no guest with id {0}")]
+    NoSuchGuest(u32),
+}
+
+/// What a client learns when its channel is created.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChannelInfo {
+    /// Channel id.
+    pub id: ChannelId,
+    /// The channel's address (MAC, endpoint).
+    pub addr: ChannelAddr,
+    /// Serving worker.
+    pub worker: u32,
+    /// Host CPU the serving worker is pinned to, if any.
+    pub cpu: Option<u32>,
+}
+
+struct GuestEntry {
+    memory: Arc<GuestMemoryMmap>,
+    waker: Option<Arc<dyn GuestWaker>>,
+}
+
+struct Inner {
+    config: EngineConfig,
+    control: Arc<Control>,
+    workers: Vec<WorkerHandle>,
+    guests: Mutex<HashMap<GuestId, GuestEntry>>,
+    channels: Mutex<HashMap<ChannelId, Arc<EngineChannel>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for w in &self.workers {
+            w.shutdown();
+        }
+    }
+}
+
+/// The engine. Cheap to clone (a handle); workers stop when the last handle is dropped.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("workers", &self.inner.workers.len())
+            .finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Engine {
+    /// Validates `config` and starts the workers.
+    pub fn new(config: EngineConfig) -> Result<Self, EngineError> {
+        config.validate()?;
+        let control = Arc::new(Control::new());
+        let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+        let mut workers = Vec::with_capacity(config.workers);
+        for i in 0..config.workers {
+            let cpu = config.pin_workers.then_some(i as u32 % ncpu);
+            workers.push(
+                WorkerHandle::spawn(i, cpu, config.clone(), control.clone())
+                    .map_err(EngineError::Spawn)?,
+            );
+        }
+        info!(
+            "engine started: {} worker(s), placement {:?}",
+            config.workers, config.placement
+        );
+        Ok(Engine {
+            inner: Arc::new(Inner {
+                config,
+                control,
+                workers,
+                guests: Mutex::new(HashMap::new()),
+                channels: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.config
+    }
+
+    /// The control plane (guest and channel registry, routing table), for operator views.
+    pub fn control(&self) -> &ControlPlane<Arc<EngineChannel>> {
+        &self.inner.control
+    }
+
+    /// Registers a guest with its policy and memory. `waker` is told when a sleeping client of
+    /// one of its channels has new messages.
+    pub fn add_guest(
+        &self,
+        policy: GuestPolicy,
+        memory: Arc<GuestMemoryMmap>,
+        waker: Option<Arc<dyn GuestWaker>>,
+    ) -> Result<GuestId, EngineError> {
+        let id = self.inner.control.add_guest(policy)?;
+        lock(&self.inner.guests).insert(id, GuestEntry { memory, waker });
+        Ok(id)
+    }
+
+    /// Destroys every channel of the guest (each acknowledged by its worker), then forgets the
+    /// guest and drops its memory. Nothing of the engine touches that memory afterwards.
+    pub fn remove_guest(&self, guest: GuestId) -> Result<(), EngineError> {
+        for teardown in self.inner.control.remove_guest(guest)? {
+            self.teardown(teardown.record.id);
+        }
+        // Teardowns begun by someone else (a concurrent destroy) finish in their own call; wait
+        // for them so that the memory is dropped last.
+        while !self.inner.control.live_channels_of(guest).is_empty() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        lock(&self.inner.guests).remove(&guest);
+        info!("guest {} removed", guest.0);
+        Ok(())
+    }
+
+    /// Destroys every live channel of `guest` (reset, disconnect, memory change).
+    pub fn destroy_guest_channels(&self, guest: GuestId) -> usize {
+        let ids: Vec<ChannelId> = self
+            .inner
+            .control
+            .live_channels_of(guest)
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
+        let n = ids.len();
+        for id in ids {
+            let _ = self.destroy_channel(None, id);
+        }
+        n
+    }
+
+    /// Control path, step 1: policy checks and reservation. The channel is Pending on success.
+    pub fn begin_create(
+        &self,
+        guest: GuestId,
+        req: &CreateRequest,
+    ) -> Result<ChannelId, FailureReason> {
+        self.inner.control.begin_create(guest, req)
+    }
+
+    /// Control path, step 2: validates the region against the guest's memory, initialises the
+    /// channel header, assigns a worker and binds the route. Success or Failure (which
+    /// allocates nothing).
+    pub fn finish_create(&self, id: ChannelId) -> Result<ChannelInfo, FailureReason> {
+        let control = &self.inner.control;
+        let rec = control.channel(id).ok_or(FailureReason::NoSuchChannel)?;
+        let fail = |reason| {
+            let _ = control.fail_create(id, reason);
+            Err(reason)
+        };
+        if rec.state != ChannelState::Pending {
+            return Err(FailureReason::NoSuchChannel);
+        }
+        let (memory, waker) = match lock(&self.inner.guests).get(&rec.guest) {
+            Some(g) => (g.memory.clone(), g.waker.clone()),
+            None => return fail(FailureReason::UnknownGuest),
+        };
+        let layout = match ChannelLayout::new(rec.ring_size, rec.region_len) {
+            Ok(l) => l,
+            Err(_) => return fail(FailureReason::BadRequest),
+        };
+        let region = match SharedRegion::from_guest_memory(memory, rec.region_addr, rec.region_len)
+        {
+            Ok(r) => r,
+            Err(RegionError::OutsideMemory { .. }) => {
+                return fail(FailureReason::RegionOutsideMemory)
+            }
+            Err(RegionError::Straddles { .. }) => return fail(FailureReason::RegionStraddles),
+        };
+        let worker = self.place(rec.addr.endpoint);
+        let w = &self.inner.workers[worker];
+        let ch = Arc::new(EngineChannel::new(
+            id, rec.guest, rec.addr, worker, region, layout, waker,
+        ));
+        if let Err(e) = ch.mem().init_header(id.0, worker as u32, w.cpu) {
+            warn!("{id}: cannot initialise channel header: {e}");
+            return fail(FailureReason::RegionOutsideMemory);
+        }
+        lock(&self.inner.channels).insert(id, ch.clone());
+        w.attach(ch.clone());
+        if let Err(e) = control.complete_create(id, ch.clone(), worker as u32, w.cpu) {
+            // Destroyed while pending (guest went away): undo.
+            warn!("{id}: creation overtaken: {e}");
+            ch.close();
+            w.detach(id);
+            lock(&self.inner.channels).remove(&id);
+            return Err(FailureReason::NoSuchChannel);
+        }
+        Ok(ChannelInfo {
+            id,
+            addr: rec.addr,
+            worker: worker as u32,
+            cpu: w.cpu,
+        })
+    }
+
+    /// Both steps of the control path.
+    pub fn create_channel(
+        &self,
+        guest: GuestId,
+        req: &CreateRequest,
+    ) -> Result<ChannelInfo, FailureReason> {
+        let id = self.begin_create(guest, req)?;
+        self.finish_create(id)
+    }
+
+    /// Destroys a channel: unbinds its route (new sends to it fail with no route), closes its RX
+    /// side (messages waiting for it fail with destination gone), detaches it from its worker and
+    /// waits for the acknowledgement. When this returns, the engine no longer touches its memory.
+    /// `guest`: the requesting guest (it must own the channel), or None for the operator.
+    pub fn destroy_channel(
+        &self,
+        guest: Option<GuestId>,
+        id: ChannelId,
+    ) -> Result<(), FailureReason> {
+        self.inner.control.begin_destroy(guest, id)?;
+        self.teardown(id);
+        Ok(())
+    }
+
+    /// Second half of a destroy whose route is already unbound.
+    fn teardown(&self, id: ChannelId) {
+        let ch = lock(&self.inner.channels).remove(&id);
+        if let Some(ch) = ch {
+            ch.close();
+            self.inner.workers[ch.worker].detach(id);
+            info!("{id} ({}) destroyed: {:?}", ch.addr, ch.counters.snapshot());
+        }
+        if let Err(e) = self.inner.control.finish_destroy(id) {
+            warn!("{id}: finishing destroy: {e}");
+        }
+    }
+
+    /// The guest rang the doorbell of `channel`: wake its worker.
+    pub fn doorbell(&self, channel: ChannelId) {
+        let worker = lock(&self.inner.channels).get(&channel).map(|c| c.worker);
+        if let Some(w) = worker {
+            self.inner.workers[w].ring();
+        }
+    }
+
+    fn place(&self, endpoint: u32) -> usize {
+        let n = self.inner.workers.len();
+        match self.inner.config.placement {
+            Placement::EndpointHash => {
+                let h = u64::from(endpoint).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                ((h >> 32) % n as u64) as usize
+            }
+            Placement::LeastLoaded => {
+                let mut load = vec![0usize; n];
+                for c in lock(&self.inner.channels).values() {
+                    load[c.worker] += 1;
+                }
+                (0..n).min_by_key(|i| load[*i]).unwrap_or(0)
+            }
+        }
+    }
+
+    /// Counters of one channel (live or faulted; destroyed channels are forgotten).
+    pub fn channel_stats(&self, id: ChannelId) -> Option<ChannelStats> {
+        lock(&self.inner.channels)
+            .get(&id)
+            .map(|c| c.counters.snapshot())
+    }
+
+    /// Run state of a channel the engine still holds.
+    pub fn run_state(&self, id: ChannelId) -> Option<RunState> {
+        lock(&self.inner.channels).get(&id).map(|c| c.run_state())
+    }
+
+    /// Counters of every worker.
+    pub fn worker_stats(&self) -> Vec<WorkerStats> {
+        self.inner
+            .workers
+            .iter()
+            .map(|w| w.counters.snapshot(w.index, w.cpu))
+            .collect()
+    }
+
+    /// Channel records from the control plane (every state, bounded history of ended ones).
+    pub fn channel_records(&self) -> Vec<ChannelRecord> {
+        self.inner.control.channels()
+    }
+}

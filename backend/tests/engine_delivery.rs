@@ -1,0 +1,548 @@
+//! Delivery between channels of different guests, and every error completion, end to end through
+//! the engine's workers with the real client library.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+use svnic_backend::{Engine, EngineConfig};
+use svnic_channels::{CompletionStatus, DataRef, Message};
+
+const T: Duration = Duration::from_secs(10);
+
+fn completions(msgs: &[Message]) -> Vec<(u64, CompletionStatus, u32)> {
+    msgs.iter()
+        .filter_map(|m| match m {
+            Message::Completion(c) => Some((c.cookie, c.status, c.len)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn user_data_arrives_intact_and_in_order_across_guests() {
+    let engine = engine(2);
+    let mut ga = FakeGuest::new(&engine, 1, 8);
+    let mut gb = FakeGuest::new(&engine, 2, 8);
+    let mut a = ga.open(10);
+    let mut b = gb.open(20);
+    let n = 20_000u64;
+    let mut got = Vec::new();
+    let mut sent = 0u64;
+    while (got.len() as u64) < n {
+        while sent < n
+            && a.send_user(gb.addr(20), sent, &sent.to_le_bytes().repeat(5), false)
+                .unwrap()
+        {
+            sent += 1;
+        }
+        a.flush().unwrap();
+        b.poll(&mut got, 256).unwrap();
+    }
+    for (i, m) in got.iter().enumerate() {
+        let Message::UserData(u) = m else {
+            panic!("unexpected {m:?}")
+        };
+        assert_eq!(u.cookie, i as u64, "order");
+        assert_eq!(
+            u.data(),
+            (i as u64).to_le_bytes().repeat(5).as_slice(),
+            "payload"
+        );
+        assert_eq!(
+            u.peer,
+            ga.addr(10),
+            "source address is the sender's channel"
+        );
+        assert_ne!(u.flags & svnic_channels::message::FLAG_COMPLETE, 0);
+    }
+    // No completions for successful user-data unless asked for.
+    let mut rest = Vec::new();
+    a.poll(&mut rest, 1000).unwrap();
+    assert!(rest.is_empty(), "{rest:?}");
+    let s = engine
+        .channel_stats(svnic_channels::ChannelId(a.id()))
+        .unwrap();
+    assert_eq!((s.tx_taken, s.tx_delivered), (n, n));
+}
+
+#[test]
+fn want_completion_gives_ok_completions_for_user_data() {
+    let engine = engine(1);
+    let mut ga = FakeGuest::new(&engine, 1, 8);
+    let mut gb = FakeGuest::new(&engine, 2, 8);
+    let mut a = ga.open(1);
+    let mut b = gb.open(2);
+    for i in 0..10 {
+        assert!(a.send_user(gb.addr(2), 100 + i, b"x", true).unwrap());
+    }
+    a.flush().unwrap();
+    assert_eq!(recv_n(&mut b, &gb.waker, 10, T).len(), 10);
+    let c = completions(&recv_n(&mut a, &ga.waker, 10, T));
+    assert_eq!(
+        c,
+        (0..10)
+            .map(|i| (100 + i, CompletionStatus::Ok, 0))
+            .collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn dma_data_is_copied_once_intact_and_completed() {
+    let engine = engine(2);
+    let mut ga = FakeGuest::new(&engine, 1, 8);
+    let mut gb = FakeGuest::new(&engine, 2, 8);
+    let mut a = ga.open(1);
+    let mut b = gb.open(2);
+    let data_a = a.layout().data_offset;
+    let data_b = b.layout().data_offset;
+    let sizes = [1u32, 63, 64, 65, 1000, 4096, 65536, 200_000];
+    // B posts as many 256 KiB buffers as its data area holds; A fills distinct patterns.
+    let posted = sizes
+        .len()
+        .min((b.layout().data_len() / (256 << 10)) as usize);
+    for i in 0..posted {
+        assert!(b
+            .post_buffer(
+                1000 + i as u64,
+                DataRef {
+                    offset: data_b + i as u64 * (256 << 10),
+                    len: 256 << 10
+                }
+            )
+            .unwrap());
+    }
+    b.flush().unwrap();
+    let mut off = data_a;
+    for (i, &len) in sizes.iter().enumerate() {
+        let pattern: Vec<u8> = (0..len)
+            .map(|j| (j as u8).wrapping_mul(7).wrapping_add(i as u8))
+            .collect();
+        a.write_data(off, &pattern).unwrap();
+        assert!(a
+            .send_dma(gb.addr(2), 500 + i as u64, DataRef { offset: off, len })
+            .unwrap());
+        off += u64::from(len);
+    }
+    a.flush().unwrap();
+    // Only as many messages as B had room to post buffers for (its data area is ~1.95 MiB).
+    let got = recv_n(&mut b, &gb.waker, posted, T);
+    assert_eq!(got.len(), posted);
+    for (i, m) in got.iter().enumerate() {
+        let Message::DmaData(d) = m else {
+            panic!("unexpected {m:?}")
+        };
+        assert!(d.is_complete(), "COMPLETE flag set");
+        assert_eq!(d.cookie, 1000 + i as u64, "posted buffer's cookie");
+        assert_eq!(d.data.len, sizes[i]);
+        assert_eq!(d.peer, ga.addr(1));
+        let mut buf = vec![0u8; d.data.len as usize];
+        b.read_data(d.data.offset, &mut buf).unwrap();
+        let expect: Vec<u8> = (0..sizes[i])
+            .map(|j| (j as u8).wrapping_mul(7).wrapping_add(i as u8))
+            .collect();
+        assert!(buf == expect, "payload of message {i} intact");
+    }
+    let c = completions(&recv_n(&mut a, &ga.waker, posted, T));
+    let expect: Vec<_> = (0..posted)
+        .map(|i| (500 + i as u64, CompletionStatus::Ok, sizes[i]))
+        .collect();
+    assert_eq!(c, expect);
+}
+
+/// Builds an engine with a short backpressure wait for the error-path tests.
+fn quick_engine() -> Engine {
+    Engine::new(EngineConfig {
+        workers: 1,
+        backpressure_wait: Duration::from_millis(50),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+fn one_completion(
+    a: &mut svnic_guest::Channel,
+    waker: &EventWaker,
+) -> (u64, CompletionStatus, u32) {
+    let got = completions(&recv_n(a, waker, 1, T));
+    assert_eq!(got.len(), 1, "exactly one completion");
+    got[0]
+}
+
+#[test]
+fn no_route_is_an_error_completion() {
+    let engine = quick_engine();
+    let mut ga = FakeGuest::new(&engine, 1, 8);
+    let gb = FakeGuest::new(&engine, 2, 8);
+    let mut a = ga.open(1);
+    a.send_user(gb.addr(99), 7, b"nobody", false).unwrap();
+    a.flush().unwrap();
+    assert_eq!(
+        one_completion(&mut a, &ga.waker),
+        (7, CompletionStatus::NoRoute, 0)
+    );
+}
+
+#[test]
+fn address_outside_the_data_area_is_an_error_completion() {
+    let engine = quick_engine();
+    let mut ga = FakeGuest::new(&engine, 1, 8);
+    let mut gb = FakeGuest::new(&engine, 2, 8);
+    let mut a = ga.open(1);
+    let _b = gb.open(2);
+    // The client library refuses such a buffer itself; write the message raw, as a hostile
+    // guest would, pointing at the channel's own rings.
+    support_raw::push_raw_dma(&mut a, gb.addr(2), 8, 0x1000, 64);
+    assert_eq!(
+        one_completion(&mut a, &ga.waker),
+        (8, CompletionStatus::AddressOutOfRange, 0)
+    );
+}
+
+#[test]
+fn malformed_message_is_an_error_completion() {
+    let engine = quick_engine();
+    let mut ga = FakeGuest::new(&engine, 1, 8);
+    let mut a = ga.open(1);
+    let mut raw = [0u8; 64];
+    raw[0] = 0x77; // unknown kind
+    raw[16..24].copy_from_slice(&42u64.to_le_bytes());
+    support_raw::push_raw(&mut a, raw);
+    assert_eq!(
+        one_completion(&mut a, &ga.waker),
+        (42, CompletionStatus::BadMessage, 0)
+    );
+}
+
+#[test]
+fn no_posted_buffer_within_the_wait_is_an_error_completion() {
+    let engine = quick_engine();
+    let mut ga = FakeGuest::new(&engine, 1, 8);
+    let mut gb = FakeGuest::new(&engine, 2, 8);
+    let mut a = ga.open(1);
+    let _b = gb.open(2);
+    let off = a.layout().data_offset;
+    a.send_dma(
+        gb.addr(2),
+        9,
+        DataRef {
+            offset: off,
+            len: 100,
+        },
+    )
+    .unwrap();
+    a.flush().unwrap();
+    assert_eq!(
+        one_completion(&mut a, &ga.waker),
+        (9, CompletionStatus::NoBuffer, 0)
+    );
+}
+
+#[test]
+fn posted_buffer_too_small_is_an_error_completion_and_stays_posted() {
+    let engine = quick_engine();
+    let mut ga = FakeGuest::new(&engine, 1, 8);
+    let mut gb = FakeGuest::new(&engine, 2, 8);
+    let mut a = ga.open(1);
+    let mut b = gb.open(2);
+    let (da, db) = (a.layout().data_offset, b.layout().data_offset);
+    b.post_buffer(
+        77,
+        DataRef {
+            offset: db,
+            len: 10,
+        },
+    )
+    .unwrap();
+    b.flush().unwrap();
+    a.send_dma(
+        gb.addr(2),
+        10,
+        DataRef {
+            offset: da,
+            len: 100,
+        },
+    )
+    .unwrap();
+    a.flush().unwrap();
+    assert_eq!(
+        one_completion(&mut a, &ga.waker),
+        (10, CompletionStatus::BufferTooSmall, 0)
+    );
+    // The small buffer is still there for a message that fits.
+    a.write_data(da, b"0123456789").unwrap();
+    a.send_dma(
+        gb.addr(2),
+        11,
+        DataRef {
+            offset: da,
+            len: 10,
+        },
+    )
+    .unwrap();
+    a.flush().unwrap();
+    let got = recv_n(&mut b, &gb.waker, 1, T);
+    assert!(matches!(got[0], Message::DmaData(d) if d.cookie == 77 && d.data.len == 10));
+    assert_eq!(
+        one_completion(&mut a, &ga.waker),
+        (11, CompletionStatus::Ok, 10)
+    );
+}
+
+#[test]
+fn refused_posted_buffer_is_reported_to_its_owner_and_skipped() {
+    let engine = quick_engine();
+    let mut ga = FakeGuest::new(&engine, 1, 8);
+    let mut gb = FakeGuest::new(&engine, 2, 8);
+    let mut a = ga.open(1);
+    let mut b = gb.open(2);
+    let (da, db) = (a.layout().data_offset, b.layout().data_offset);
+    // A post pointing at the rings (outside the data area), then a good one.
+    support_raw::push_raw_post(&mut b, 66, 0x1000, 4096);
+    support_raw::push_raw_post(&mut b, 67, db, 4096);
+    a.send_dma(
+        gb.addr(2),
+        12,
+        DataRef {
+            offset: da,
+            len: 16,
+        },
+    )
+    .unwrap();
+    a.flush().unwrap();
+    let got = recv_n(&mut b, &gb.waker, 2, T);
+    assert_eq!(
+        completions(&got),
+        vec![(66, CompletionStatus::BadPostBuffer, 0)]
+    );
+    assert!(got
+        .iter()
+        .any(|m| matches!(m, Message::DmaData(d) if d.cookie == 67)));
+    assert_eq!(
+        one_completion(&mut a, &ga.waker),
+        (12, CompletionStatus::Ok, 16)
+    );
+}
+
+#[test]
+fn full_ring_applies_backpressure_then_delivers() {
+    // Wait long enough for the receiver to catch up: nothing is lost, nothing errors.
+    let engine = Engine::new(EngineConfig {
+        workers: 1,
+        backpressure_wait: Duration::from_secs(5),
+        ..Default::default()
+    })
+    .unwrap();
+    let mut ga = FakeGuest::new(&engine, 1, 8);
+    let mut gb = FakeGuest::new(&engine, 2, 8);
+    let mut a = ga.open_with(1, 16, 1 << 20).unwrap();
+    let mut b = gb.open_with(2, 16, 1 << 20).unwrap();
+    let n = 200u64;
+    let mut sent = 0;
+    let mut got = Vec::new();
+    // Send as fast as the TX ring allows, receive slowly (4 per 2 ms): the RX ring (16) is far
+    // smaller than what is sent, so the engine must hold messages until room appears.
+    while (got.len() as u64) < n {
+        while sent < n && a.send_user(gb.addr(2), sent, b"bp", false).unwrap() {
+            sent += 1;
+        }
+        a.flush().unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+        b.poll(&mut got, 4).unwrap();
+    }
+    let cookies: Vec<u64> = got.iter().map(|m| m.cookie()).collect();
+    assert_eq!(cookies, (0..n).collect::<Vec<_>>());
+    let mut errs = Vec::new();
+    a.poll(&mut errs, 100).unwrap();
+    assert!(errs.is_empty(), "no error completions: {errs:?}");
+    let s = engine
+        .channel_stats(svnic_channels::ChannelId(a.id()))
+        .unwrap();
+    assert!(
+        s.backpressure_holds > 0,
+        "the sender was held at least once"
+    );
+}
+
+#[test]
+fn full_ring_for_the_whole_wait_is_an_error_completion() {
+    let engine = quick_engine();
+    let mut ga = FakeGuest::new(&engine, 1, 8);
+    let mut gb = FakeGuest::new(&engine, 2, 8);
+    let mut a = ga.open_with(1, 64, 1 << 20).unwrap();
+    let _b = gb.open_with(2, 16, 1 << 20).unwrap(); // never polled
+    for i in 0..20 {
+        a.send_user(gb.addr(2), i, b"x", false).unwrap();
+    }
+    a.flush().unwrap();
+    let c = completions(&recv_n(&mut a, &ga.waker, 4, T));
+    assert_eq!(
+        c,
+        (16..20)
+            .map(|i| (i, CompletionStatus::RingFull, 0))
+            .collect::<Vec<_>>()
+    );
+    let s = engine
+        .channel_stats(svnic_channels::ChannelId(a.id()))
+        .unwrap();
+    assert_eq!(
+        (
+            s.tx_taken,
+            s.tx_delivered,
+            s.errors(CompletionStatus::RingFull)
+        ),
+        (20, 16, 4)
+    );
+}
+
+#[test]
+fn destination_destroyed_while_held_is_destination_gone() {
+    let engine = Engine::new(EngineConfig {
+        workers: 1,
+        backpressure_wait: Duration::from_secs(30),
+        ..Default::default()
+    })
+    .unwrap();
+    let mut ga = FakeGuest::new(&engine, 1, 8);
+    let mut gb = FakeGuest::new(&engine, 2, 8);
+    let mut a = ga.open(1);
+    let b = gb.open(2);
+    let off = a.layout().data_offset;
+    // No buffer posted: the DMA message waits (30 s) ...
+    a.send_dma(
+        gb.addr(2),
+        13,
+        DataRef {
+            offset: off,
+            len: 8,
+        },
+    )
+    .unwrap();
+    a.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        engine
+            .channel_stats(svnic_channels::ChannelId(a.id()))
+            .unwrap()
+            .backpressure_holds
+            > 0
+    );
+    // ... until its destination is destroyed.
+    engine
+        .destroy_channel(Some(gb.id), svnic_channels::ChannelId(b.id()))
+        .unwrap();
+    assert_eq!(
+        one_completion(&mut a, &ga.waker),
+        (13, CompletionStatus::DestinationGone, 0)
+    );
+    // Later sends to it have no route.
+    a.send_user(gb.addr(2), 14, b"x", false).unwrap();
+    a.flush().unwrap();
+    assert_eq!(
+        one_completion(&mut a, &ga.waker),
+        (14, CompletionStatus::NoRoute, 0)
+    );
+}
+
+#[test]
+fn faulted_destination_is_an_error_completion() {
+    let engine = quick_engine();
+    let mut ga = FakeGuest::new(&engine, 1, 8);
+    let mut gb = FakeGuest::new(&engine, 2, 8);
+    let mut a = ga.open(1);
+    let b = gb.open(2);
+    // B scribbles an impossible TX index: its worker faults it.
+    support_raw::scribble(&b, svnic_channels::layout::header::TX_HEAD, 100_000);
+    support::wait_until(T, || {
+        engine.run_state(svnic_channels::ChannelId(b.id()))
+            == Some(svnic_backend::RunState::Faulted)
+    });
+    assert!(b.fault().is_some(), "fault recorded in the header");
+    a.send_user(gb.addr(2), 15, b"x", false).unwrap();
+    a.flush().unwrap();
+    assert_eq!(
+        one_completion(&mut a, &ga.waker),
+        (15, CompletionStatus::DestinationFaulted, 0)
+    );
+}
+
+mod support_raw {
+    //! Raw ring writes, as a hostile or buggy guest would do them.
+    use svnic_channels::{
+        ChannelAddr, ChannelMem, DataRef, DmaData, Message, PostBuffer, RawMessage,
+    };
+    use vm_memory::Bytes;
+
+    fn mem(
+        ch: &svnic_guest::Channel,
+    ) -> (svnic_channels::SharedRegion, svnic_channels::ChannelLayout) {
+        (ch.region().clone(), *ch.layout())
+    }
+
+    /// Writes a u32 into the channel header at `off`.
+    pub fn scribble(ch: &svnic_guest::Channel, off: usize, value: u32) {
+        let (r, _) = mem(ch);
+        r.slice().write_obj(value, off).unwrap();
+    }
+
+    fn push_ring(ring_off: usize, head_off: usize, ch: &svnic_guest::Channel, raw: RawMessage) {
+        let (r, l) = mem(ch);
+        let m = ChannelMem::new(r.slice(), l).unwrap();
+        let s = m.slice();
+        let head: u32 = s.read_obj(head_off).unwrap();
+        let slot = ring_off + (head & (l.ring_size - 1)) as usize * 64;
+        s.write_obj(raw, slot).unwrap();
+        s.store(
+            head.wrapping_add(1),
+            head_off,
+            std::sync::atomic::Ordering::Release,
+        )
+        .unwrap();
+    }
+
+    /// Pushes raw bytes into the TX ring behind the client's back (the client's own queue must
+    /// be flushed and empty). Rings the doorbell through a flush.
+    pub fn push_raw(ch: &mut svnic_guest::Channel, bytes: [u8; 64]) {
+        ch.flush().unwrap();
+        let l = *ch.layout();
+        push_ring(
+            l.tx_ring,
+            svnic_channels::layout::header::TX_HEAD,
+            ch,
+            RawMessage(bytes),
+        );
+    }
+
+    pub fn push_raw_dma(
+        ch: &mut svnic_guest::Channel,
+        dest: ChannelAddr,
+        cookie: u64,
+        offset: u64,
+        len: u32,
+    ) {
+        let m = Message::DmaData(DmaData {
+            peer: dest,
+            flags: 0,
+            cookie,
+            data: DataRef { offset, len },
+        });
+        push_raw(ch, m.encode().0);
+    }
+
+    pub fn push_raw_post(ch: &mut svnic_guest::Channel, cookie: u64, offset: u64, len: u32) {
+        ch.flush().unwrap();
+        let l = *ch.layout();
+        let m = Message::PostBuffer(PostBuffer {
+            cookie,
+            buf: DataRef { offset, len },
+        });
+        push_ring(
+            l.post_ring,
+            svnic_channels::layout::header::POST_HEAD,
+            ch,
+            m.encode(),
+        );
+    }
+}

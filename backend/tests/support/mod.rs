@@ -1,0 +1,210 @@
+//! Test support: fake guests, each with its own guest memory (vm-memory over anonymous mappings),
+//! whose channels are driven by the real client library (`svnic_guest::Channel`), touching the
+//! rings only as a guest would.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use svnic_backend::{Engine, EngineConfig, GuestWaker};
+use svnic_channels::layout::DEFAULT_REGION_LEN;
+use svnic_channels::{ChannelAddr, ChannelId, FailureReason, MacAddr, Message, SharedRegion};
+use svnic_control::{CreateRequest, GuestId, GuestPolicy};
+use svnic_guest::{Channel, Doorbell, Waiter};
+use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+/// Doorbell that calls the engine directly (what the backend does on a doorbell frame).
+pub struct EngineDoorbell(pub Engine);
+
+impl Doorbell for EngineDoorbell {
+    fn ring(&self, channel_id: u32) {
+        self.0.doorbell(ChannelId(channel_id));
+    }
+}
+
+/// An eventfd the engine signals (GuestWaker) and the client blocks on (Waiter).
+pub struct EventWaker(pub EventFd);
+
+impl EventWaker {
+    pub fn new() -> Arc<Self> {
+        Arc::new(EventWaker(EventFd::new(EFD_NONBLOCK).unwrap()))
+    }
+}
+
+impl GuestWaker for EventWaker {
+    fn wake(&self, _channel: ChannelId) {
+        let _ = self.0.write(1);
+    }
+}
+
+impl Waiter for EventWaker {
+    fn wait(&self, timeout: Duration) {
+        let mut pfd = libc::pollfd {
+            fd: self.0.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().clamp(1, 10_000) as i32;
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut pfd, 1, ms) };
+        let _ = self.0.read();
+    }
+}
+
+pub fn engine(workers: usize) -> Engine {
+    Engine::new(EngineConfig {
+        workers,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+pub fn mac(n: u8) -> MacAddr {
+    MacAddr([0x52, 0x54, 0, 0, 0, n])
+}
+
+/// A fake guest: memory, policy, a waker; hands out channel regions from its memory.
+pub struct FakeGuest {
+    pub id: GuestId,
+    pub mac: MacAddr,
+    pub mem: Arc<GuestMemoryMmap>,
+    pub waker: Arc<EventWaker>,
+    engine: Engine,
+    next_region: u64,
+    mem_len: u64,
+}
+
+impl FakeGuest {
+    pub fn new(engine: &Engine, n: u8, mem_mib: u64) -> Self {
+        Self::with_policy(engine, n, mem_mib, |_| {})
+    }
+
+    pub fn with_policy(
+        engine: &Engine,
+        n: u8,
+        mem_mib: u64,
+        tweak: impl FnOnce(&mut GuestPolicy),
+    ) -> Self {
+        let mac = mac(n);
+        let mem_len = mem_mib << 20;
+        let mem =
+            Arc::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), mem_len as usize)]).unwrap());
+        let mut policy = GuestPolicy::new(format!("guest{n}"), mac);
+        tweak(&mut policy);
+        let waker = EventWaker::new();
+        let id = engine
+            .add_guest(
+                policy,
+                mem.clone(),
+                Some(waker.clone() as Arc<dyn GuestWaker>),
+            )
+            .unwrap();
+        FakeGuest {
+            id,
+            mac,
+            mem,
+            waker,
+            engine: engine.clone(),
+            next_region: 0,
+            mem_len,
+        }
+    }
+
+    pub fn addr(&self, endpoint: u32) -> ChannelAddr {
+        ChannelAddr {
+            mac: self.mac,
+            endpoint,
+        }
+    }
+
+    /// The next free region of `len` bytes in this guest's memory.
+    pub fn alloc(&mut self, len: u64) -> u64 {
+        let a = self.next_region;
+        self.next_region += len;
+        assert!(self.next_region <= self.mem_len, "fake guest out of memory");
+        a
+    }
+
+    pub fn request(
+        &self,
+        endpoint: u32,
+        ring_size: u32,
+        region_addr: u64,
+        region_len: u64,
+    ) -> CreateRequest {
+        CreateRequest {
+            mac: self.mac,
+            endpoint,
+            ring_size,
+            region_addr,
+            region_len,
+        }
+    }
+
+    /// Creates a channel (2 MiB region, `ring_size` slots) and attaches a client to it.
+    pub fn open_with(
+        &mut self,
+        endpoint: u32,
+        ring_size: u32,
+        len: u64,
+    ) -> Result<Channel, FailureReason> {
+        let addr = self.alloc(len);
+        let req = self.request(endpoint, ring_size, addr, len);
+        let info = self.engine.create_channel(self.id, &req)?;
+        assert_eq!(info.addr, self.addr(endpoint));
+        Ok(self.attach(addr, len, endpoint))
+    }
+
+    pub fn open(&mut self, endpoint: u32) -> Channel {
+        self.open_with(endpoint, 256, DEFAULT_REGION_LEN).unwrap()
+    }
+
+    pub fn attach(&self, addr: u64, len: u64, endpoint: u32) -> Channel {
+        let region = SharedRegion::from_guest_memory(self.mem.clone(), addr, len).unwrap();
+        Channel::attach(
+            region,
+            self.addr(endpoint),
+            Arc::new(EngineDoorbell(self.engine.clone())),
+        )
+        .unwrap()
+    }
+}
+
+/// Polls `ch` until `n` messages arrived or `timeout` passes (adaptive wait on the guest's waker).
+pub fn recv_n(ch: &mut Channel, waker: &EventWaker, n: usize, timeout: Duration) -> Vec<Message> {
+    let mut out = Vec::with_capacity(n);
+    let deadline = Instant::now() + timeout;
+    while out.len() < n {
+        let now = Instant::now();
+        if now >= deadline {
+            break;
+        }
+        let want = n - out.len();
+        ch.wait_poll(&mut out, want, deadline - now, waker).unwrap();
+    }
+    out
+}
+
+/// Sends with retries while the TX ring is full (flushing and draining `rx` meanwhile).
+pub fn send_user_blocking(ch: &mut Channel, dest: ChannelAddr, cookie: u64, data: &[u8]) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ch.send_user(dest, cookie, data, false).unwrap() {
+        ch.flush().unwrap();
+        assert!(Instant::now() < deadline, "TX ring stayed full");
+        std::thread::yield_now();
+    }
+}
+
+/// Polls `cond` until it holds or `timeout` passes (then panics: the test failed).
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "condition not reached within {timeout:?}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
