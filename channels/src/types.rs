@@ -13,6 +13,11 @@ impl MacAddr {
     /// The broadcast address ff:ff:ff:ff:ff:ff.
     pub const BROADCAST: MacAddr = MacAddr([0xff; 6]);
 
+    /// The engine's own address: control responses and wake frames come from it, and guests
+    /// address control requests and doorbells to it ("svnic" with the locally administered bit).
+    /// The backend consumes every svnic-EtherType frame a guest sends, whatever its destination.
+    pub const ENGINE: MacAddr = MacAddr([0x02, 0x73, 0x76, 0x6e, 0x69, 0x63]);
+
     /// True for group (broadcast or multicast) addresses: the I/G bit of the first octet.
     pub fn is_multicast(&self) -> bool {
         self.0[0] & 1 == 1
