@@ -59,6 +59,23 @@ pub enum ChannelError {
     },
 }
 
+/// How long [`Channel::wait_poll`] polls before it sleeps: `spins` busy polls, then `yields`
+/// polls with a `sched_yield` between them, then it advertises sleeping and blocks. Polling
+/// lowers latency and burns a CPU; zero for both sleeps at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WaitPolicy {
+    /// Busy polls before yielding.
+    pub spins: u32,
+    /// Yielding polls before sleeping.
+    pub yields: u32,
+}
+
+impl Default for WaitPolicy {
+    fn default() -> Self {
+        WaitPolicy { spins: 200, yields: 200 }
+    }
+}
+
 /// Client-side counters.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ClientStats {
@@ -87,6 +104,7 @@ pub struct Channel {
     post: Producer,
     doorbell: std::sync::Arc<dyn Doorbell>,
     stats: ClientStats,
+    wait_policy: WaitPolicy,
 }
 
 impl std::fmt::Debug for Channel {
@@ -132,6 +150,7 @@ impl Channel {
             cpu,
             doorbell,
             stats: ClientStats::default(),
+            wait_policy: WaitPolicy::default(),
         })
     }
 
@@ -163,6 +182,11 @@ impl Channel {
     /// The layout (ring size, data area).
     pub fn layout(&self) -> &ChannelLayout {
         &self.layout
+    }
+
+    /// Sets how long [`Channel::wait_poll`] polls before sleeping.
+    pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
+        self.wait_policy = policy;
     }
 
     /// Counters.
@@ -323,12 +347,13 @@ impl Channel {
             if elapsed >= timeout {
                 return Ok(0);
             }
-            idle += 1;
-            if idle < 200 {
+            idle = idle.saturating_add(1);
+            let policy = self.wait_policy;
+            if idle <= policy.spins {
                 std::hint::spin_loop();
                 continue;
             }
-            if idle < 400 {
+            if idle <= policy.spins.saturating_add(policy.yields) {
                 std::thread::yield_now();
                 continue;
             }
@@ -337,7 +362,10 @@ impl Channel {
             let pending = self.rx.available(&mem)?;
             if pending == 0 {
                 self.stats.sleeps += 1;
-                waiter.wait((timeout - elapsed).min(Duration::from_millis(50)));
+                // Block for the whole remaining time: the engine wakes us when it publishes
+                // into our RX ring while GUEST_SLEEPING is set, so no periodic re-poll is
+                // needed (and none would hide a lost wake).
+                waiter.wait(timeout - elapsed);
             }
             mem.set_sleeping(header::GUEST_SLEEPING, false);
         }

@@ -5,4 +5,4 @@
 
 pub mod channel;
 
-pub use channel::{Channel, ChannelError, ClientStats, Doorbell, Waiter};
+pub use channel::{Channel, ChannelError, ClientStats, Doorbell, WaitPolicy, Waiter};

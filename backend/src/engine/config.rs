@@ -94,11 +94,11 @@ impl EngineConfig {
                 "at most idle_passes",
             );
         }
-        if self.max_sleep.is_zero() || self.max_sleep > Duration::from_secs(10) {
+        if self.max_sleep.is_zero() || self.max_sleep > Duration::from_secs(3600) {
             return err(
                 "max_sleep",
                 format!("{:?}", self.max_sleep),
-                "between 1 ns and 10 s",
+                "between 1 ns and 1 hour",
             );
         }
         Ok(())

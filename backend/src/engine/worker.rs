@@ -19,7 +19,7 @@ use svnic_channels::layout::header;
 use svnic_channels::{
     ChannelAddr, ChannelId, CompletionStatus, Consumer, FaultReason, Message, RawMessage, RingKind,
 };
-use svnic_control::RoutingSnapshot;
+use svnic_control::{RoutingSnapshot, RoutingTable};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::channel::{completion, EngineChannel};
@@ -305,7 +305,15 @@ impl Worker {
                 }
             };
             let (outcome, peer) =
-                route_and_deliver(&src, &mem, &raw, routes, s.held_since.is_some(), &mut dirty);
+                route_and_deliver(
+                &src,
+                &mem,
+                &raw,
+                routes,
+                self.control.routes(),
+                s.held_since.is_some(),
+                &mut dirty,
+            );
             let cookie = raw.cookie();
             let failed = match outcome {
                 Outcome::Delivered { completion, .. } => {
@@ -361,6 +369,7 @@ fn route_and_deliver(
     mem: &svnic_channels::ChannelMem<'_>,
     raw: &RawMessage,
     routes: &RoutingSnapshot<Arc<EngineChannel>>,
+    table: &RoutingTable<Arc<EngineChannel>>,
     was_held: bool,
     dirty: &mut Option<(Arc<EngineChannel>, u64, u64)>,
 ) -> (Outcome, ChannelAddr) {
@@ -387,14 +396,26 @@ fn route_and_deliver(
         Message::DmaData(d) => d.peer,
         _ => ChannelAddr::default(),
     };
-    let Some((_, dest)) = routes.lookup(&peer) else {
-        // A message that was waiting for room at a destination that has since been destroyed.
-        let status = if was_held {
-            CompletionStatus::DestinationGone
-        } else {
-            CompletionStatus::NoRoute
-        };
-        return (Outcome::Failed(status), peer);
+    // The pass's snapshot may predate a route bound since (a channel created while this pass
+    // ran, whose Success its peer already saw): on a miss, look again in the current one.
+    let fresh;
+    let dest = match routes.lookup(&peer) {
+        Some((_, d)) => d,
+        None => {
+            fresh = table.load_full();
+            match fresh.lookup(&peer) {
+                Some((_, d)) => d,
+                None => {
+                    // A message that was waiting for room at a destination since destroyed.
+                    let status = if was_held {
+                        CompletionStatus::DestinationGone
+                    } else {
+                        CompletionStatus::NoRoute
+                    };
+                    return (Outcome::Failed(status), peer);
+                }
+            }
+        }
     };
     if let Some((d, _, _)) = dirty.as_ref() {
         if !Arc::ptr_eq(d, dest) {

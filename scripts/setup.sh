@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs what building and testing svnic needs on a fresh Debian 12 machine. Idempotent.
+# The Rust toolchain (cargo, rustfmt, clippy) is expected to be installed already.
+set -euo pipefail
+
+need_apt=()
+command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
+command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
+if ((${#need_apt[@]})); then
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+    else
+        echo "setup: please install: ${need_apt[*]}" >&2
+        exit 1
+    fi
+fi
+command -v cargo >/dev/null 2>&1 || { echo "setup: cargo not found (install Rust via rustup)" >&2; exit 1; }
+rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt

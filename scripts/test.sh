@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The whole svnic test suite, from a fresh machine: installs what the tests need, then runs
+# formatting and lint checks and every test of the workspace. This is README.md's test command
+# and what CI (.ci/run) calls.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/setup.sh
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "== cargo clippy (warnings are errors)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+echo "== cargo test"
+cargo test --workspace --locked
