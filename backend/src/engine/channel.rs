@@ -51,6 +51,10 @@ pub struct EngineChannel {
     pub(crate) layout: ChannelLayout,
     pub(crate) rx: Mutex<RxSide>,
     pub(crate) counters: ChannelCounters,
+    /// Guest-physical address of the region.
+    pub(crate) region_addr: u64,
+    /// The file pages behind the region, to survive a re-sent memory table.
+    pub(crate) backing: Option<super::backing::Backing>,
     state: AtomicU8,
     waker: Option<Arc<dyn GuestWaker>>,
 }
@@ -62,6 +66,19 @@ impl std::fmt::Debug for EngineChannel {
             .field("addr", &self.addr)
             .finish()
     }
+}
+
+/// Everything a new [`EngineChannel`] is made of.
+pub(crate) struct NewChannel {
+    pub id: ChannelId,
+    pub guest: GuestId,
+    pub addr: ChannelAddr,
+    pub worker: usize,
+    pub region: SharedRegion,
+    pub layout: ChannelLayout,
+    pub waker: Option<Arc<dyn GuestWaker>>,
+    pub region_addr: u64,
+    pub backing: Option<super::backing::Backing>,
 }
 
 /// The RX side of a channel: written by whichever worker delivers, under the channel's lock.
@@ -76,15 +93,18 @@ pub(crate) struct RxSide {
 }
 
 impl EngineChannel {
-    pub(crate) fn new(
-        id: ChannelId,
-        guest: GuestId,
-        addr: ChannelAddr,
-        worker: usize,
-        region: SharedRegion,
-        layout: ChannelLayout,
-        waker: Option<Arc<dyn GuestWaker>>,
-    ) -> Self {
+    pub(crate) fn new(spec: NewChannel) -> Self {
+        let NewChannel {
+            id,
+            guest,
+            addr,
+            worker,
+            region,
+            layout,
+            waker,
+            region_addr,
+            backing,
+        } = spec;
         EngineChannel {
             id,
             guest,
@@ -99,6 +119,8 @@ impl EngineChannel {
             region,
             layout,
             counters: ChannelCounters::default(),
+            region_addr,
+            backing,
             state: AtomicU8::new(LIVE),
             waker,
         }

@@ -4,6 +4,7 @@
 //! create and destroy channels through the control plane (Pending -> Success | Failure ->
 //! Destroyed), ring doorbells, read counters. Worker threads ([`worker`]) do the data path.
 
+mod backing;
 mod channel;
 mod config;
 mod counters;
@@ -64,7 +65,8 @@ pub struct ChannelInfo {
 }
 
 struct GuestEntry {
-    memory: Arc<GuestMemoryMmap>,
+    /// None until the guest's memory table arrives (vhost-user), and after it went away.
+    memory: Option<Arc<GuestMemoryMmap>>,
     waker: Option<Arc<dyn GuestWaker>>,
 }
 
@@ -149,9 +151,97 @@ impl Engine {
         memory: Arc<GuestMemoryMmap>,
         waker: Option<Arc<dyn GuestWaker>>,
     ) -> Result<GuestId, EngineError> {
-        let id = self.inner.control.add_guest(policy)?;
-        lock(&self.inner.guests).insert(id, GuestEntry { memory, waker });
+        let id = self.register_guest(policy, waker)?;
+        self.set_guest_memory(id, Some(memory))?;
         Ok(id)
+    }
+
+    /// Registers a guest whose memory is not known yet (a vhost-user guest before it connects).
+    /// Its create requests fail with RegionOutsideMemory until [`Engine::set_guest_memory`].
+    pub fn register_guest(
+        &self,
+        policy: GuestPolicy,
+        waker: Option<Arc<dyn GuestWaker>>,
+    ) -> Result<GuestId, EngineError> {
+        let id = self.inner.control.add_guest(policy)?;
+        lock(&self.inner.guests).insert(
+            id,
+            GuestEntry {
+                memory: None,
+                waker,
+            },
+        );
+        Ok(id)
+    }
+
+    /// Sets the guest's waker (how a sleeping client of its channels is woken).
+    pub fn set_guest_waker(
+        &self,
+        guest: GuestId,
+        waker: Option<Arc<dyn GuestWaker>>,
+    ) -> Result<(), EngineError> {
+        let mut guests = lock(&self.inner.guests);
+        let g = guests
+            .get_mut(&guest)
+            .ok_or(EngineError::NoSuchGuest(guest.0))?;
+        g.waker = waker;
+        Ok(())
+    }
+
+    /// The guest's memory table arrived or changed (`Some`), or is gone (`None`: reset, stopped
+    /// rings, disconnect).
+    ///
+    /// - `None`: every channel of the guest is destroyed (each acknowledged by its worker) before
+    ///   the engine lets go of the old mapping; messages in flight to them become error
+    ///   completions for their senders.
+    /// - `Some`: each live channel whose range the new table maps to the same file pages keeps
+    ///   running; any other is faulted (`MemoryGone`) and must be destroyed by its guest.
+    ///
+    /// When this returns the engine no longer relies on the old mapping for new work.
+    pub fn set_guest_memory(
+        &self,
+        guest: GuestId,
+        memory: Option<Arc<GuestMemoryMmap>>,
+    ) -> Result<(), EngineError> {
+        if !lock(&self.inner.guests).contains_key(&guest) {
+            return Err(EngineError::NoSuchGuest(guest.0));
+        }
+        match &memory {
+            None => {
+                let n = self.destroy_guest_channels(guest);
+                if n > 0 {
+                    info!("guest {}: memory gone, {n} channel(s) destroyed", guest.0);
+                }
+            }
+            Some(new) => {
+                let chans: Vec<Arc<EngineChannel>> = lock(&self.inner.channels)
+                    .values()
+                    .filter(|c| c.guest == guest && c.is_live())
+                    .cloned()
+                    .collect();
+                for ch in chans {
+                    let same_pages = ch.backing.is_some()
+                        && backing::backing_of(new, ch.region_addr) == ch.backing
+                        && SharedRegion::from_guest_memory(
+                            new.clone(),
+                            ch.region_addr,
+                            ch.layout.region_len,
+                        )
+                        .is_ok();
+                    if !same_pages {
+                        let err = svnic_channels::RingError::Memory {
+                            ring: "region",
+                            offset: 0,
+                        };
+                        ch.fault(svnic_channels::FaultReason::MemoryGone, &err);
+                    }
+                }
+            }
+        }
+        if let Some(g) = lock(&self.inner.guests).get_mut(&guest) {
+            g.memory = memory;
+        }
+        Ok(())
     }
 
     /// Destroys every channel of the guest (each acknowledged by its worker), then forgets the
@@ -209,9 +299,14 @@ impl Engine {
             return Err(FailureReason::NoSuchChannel);
         }
         let (memory, waker) = match lock(&self.inner.guests).get(&rec.guest) {
-            Some(g) => (g.memory.clone(), g.waker.clone()),
+            Some(GuestEntry {
+                memory: Some(m),
+                waker,
+            }) => (m.clone(), waker.clone()),
+            Some(_) => return fail(FailureReason::RegionOutsideMemory),
             None => return fail(FailureReason::UnknownGuest),
         };
+        let backing = backing::backing_of(&memory, rec.region_addr);
         let layout = match ChannelLayout::new(rec.ring_size, rec.region_len) {
             Ok(l) => l,
             Err(_) => return fail(FailureReason::BadRequest),
@@ -226,9 +321,17 @@ impl Engine {
         };
         let worker = self.place(rec.addr.endpoint);
         let w = &self.inner.workers[worker];
-        let ch = Arc::new(EngineChannel::new(
-            id, rec.guest, rec.addr, worker, region, layout, waker,
-        ));
+        let ch = Arc::new(EngineChannel::new(channel::NewChannel {
+            id,
+            guest: rec.guest,
+            addr: rec.addr,
+            worker,
+            region,
+            layout,
+            waker,
+            region_addr: rec.region_addr,
+            backing,
+        }));
         if let Err(e) = ch.mem().init_header(id.0, worker as u32, w.cpu) {
             warn!("{id}: cannot initialise channel header: {e}");
             return fail(FailureReason::RegionOutsideMemory);
