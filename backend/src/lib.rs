@@ -5,6 +5,7 @@
 //! The binaries around it stay thin.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod control_path;
 pub mod engine;
 
 pub use engine::{
