@@ -11,7 +11,7 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
 echo "== cargo clippy (warnings are errors)"
-cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets -- -D warnings
 
 echo "== cargo test"
-cargo test --workspace --locked
+cargo test --workspace

@@ -5,6 +5,8 @@
 //! The binaries around it stay thin.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod admin;
+pub mod config;
 pub mod control_path;
 pub mod engine;
 

@@ -1,0 +1,396 @@
+//! The operator's view of a running daemon: a local Unix socket speaking one JSON request per
+//! line and one JSON response per line, and the `svnic ctl` client that prints it as tables
+//! (or as JSON for scripts).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use log::{info, warn};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// A request to the admin socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "snake_case")]
+pub enum AdminRequest {
+    /// Every configured guest.
+    Guests,
+    /// Every channel the control plane remembers.
+    Channels,
+    /// Engine-wide counters.
+    Engine,
+}
+
+/// One guest, as the operator sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestView {
+    /// Name.
+    pub name: String,
+    /// MAC addresses it owns.
+    pub macs: Vec<String>,
+    /// Its vhost-user socket.
+    pub socket: String,
+    /// A frontend is connected.
+    pub connected: bool,
+    /// Live channels.
+    pub channels: usize,
+    /// Frames received from the guest (its TX).
+    pub frames_in: u64,
+    /// Frames delivered to the guest (its RX).
+    pub frames_out: u64,
+    /// Frames dropped (spoofed source, unknown destination, full queue, bad descriptors).
+    pub drops: u64,
+}
+
+/// One channel, as the operator sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChannelView {
+    /// Channel id.
+    pub id: u32,
+    /// Owning guest.
+    pub guest: String,
+    /// Address (MAC/endpoint).
+    pub addr: String,
+    /// Pending, Success, Failure(reason), Destroyed, or Faulted.
+    pub state: String,
+    /// Serving worker.
+    pub worker: Option<u32>,
+    /// CPU of the serving worker, if pinned.
+    pub cpu: Option<u32>,
+    /// Slots per ring.
+    pub ring_size: u32,
+    /// Messages taken from its TX ring.
+    pub tx: u64,
+    /// Of those, delivered.
+    pub delivered: u64,
+    /// Of those, error-completed.
+    pub errors: u64,
+    /// Messages delivered into its RX ring.
+    pub rx: u64,
+    /// DMA bytes delivered into it.
+    pub rx_bytes: u64,
+}
+
+/// One worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerView {
+    /// Index.
+    pub worker: usize,
+    /// Pinned CPU.
+    pub cpu: Option<u32>,
+    /// Channels served.
+    pub channels: u64,
+    /// TX messages processed.
+    pub messages: u64,
+    /// Times it slept.
+    pub sleeps: u64,
+    /// Doorbells received.
+    pub doorbells: u64,
+    /// Channels faulted.
+    pub faults: u64,
+}
+
+/// Engine-wide view.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineView {
+    /// Workers.
+    pub workers: Vec<WorkerView>,
+    /// Control responses sent.
+    pub control_requests: u64,
+    /// Doorbells relayed.
+    pub doorbells: u64,
+    /// Wake frames sent.
+    pub wakes: u64,
+    /// svnic frames dropped by the control path.
+    pub control_drops: u64,
+    /// Frames dropped by the switch, all ports.
+    pub switch_drops: u64,
+}
+
+/// A response from the admin socket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum AdminResponse {
+    /// Answer to [`AdminRequest::Guests`].
+    Guests {
+        /// The guests.
+        guests: Vec<GuestView>,
+    },
+    /// Answer to [`AdminRequest::Channels`].
+    Channels {
+        /// The channels.
+        channels: Vec<ChannelView>,
+    },
+    /// Answer to [`AdminRequest::Engine`].
+    Engine(EngineView),
+    /// The request could not be understood.
+    Error {
+        /// Why.
+        message: String,
+    },
+}
+
+/// What the admin server asks the daemon.
+pub trait AdminSource: Send + Sync {
+    /// Answers one request.
+    fn answer(&self, req: AdminRequest) -> AdminResponse;
+}
+
+/// Errors of the admin client.
+#[derive(Debug, Error)]
+pub enum AdminError {
+    /// The socket could not be reached.
+    #[error("cannot reach the svnic daemon at {path}: {source} (is `svnic serve` running?)")]
+    Connect {
+        /// Socket path.
+        path: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// I/O on the socket failed.
+    #[error("admin socket I/O: {0}")]
+    Io(#[from] std::io::Error),
+    /// The answer was not valid JSON of the expected shape.
+    #[error("bad answer from the daemon: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// A running admin server; stops (and removes its socket) when dropped.
+#[derive(Debug)]
+pub struct AdminServer {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl AdminServer {
+    /// Binds `path` (replacing a stale socket file) and serves `source` on a thread.
+    pub fn start(path: &Path, source: Arc<dyn AdminSource>) -> std::io::Result<Self> {
+        if path.exists() {
+            std::fs::remove_file(path)?;
+        }
+        let listener = UnixListener::bind(path)?;
+        listener.set_nonblocking(true)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let thread = std::thread::Builder::new().name("svnic-admin".into()).spawn(move || {
+            while !stop2.load(Ordering::Acquire) {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        if let Err(e) = serve_one(stream, &*source) {
+                            warn!("admin connection: {e}");
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(20))
+                    }
+                    Err(e) => {
+                        warn!("admin socket accept: {e}");
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                }
+            }
+        })?;
+        info!("admin socket at {}", path.display());
+        Ok(AdminServer { path: path.to_path_buf(), stop, thread: Some(thread) })
+    }
+}
+
+impl Drop for AdminServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn serve_one(stream: UnixStream, source: &dyn AdminSource) -> std::io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut writer = stream;
+    let mut line = String::new();
+    // One bounded request line; anything longer is not a request of ours.
+    let n = reader.by_ref().take(4096).read_line(&mut line)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let response = match serde_json::from_str::<AdminRequest>(line.trim()) {
+        Ok(req) => source.answer(req),
+        Err(e) => AdminResponse::Error { message: format!("bad request: {e}") },
+    };
+    let mut out = serde_json::to_vec(&response).map_err(std::io::Error::other)?;
+    out.push(b'\n');
+    writer.write_all(&out)
+}
+
+/// Client side: sends `req` to the daemon at `path` and returns its answer.
+pub fn query(path: &Path, req: AdminRequest) -> Result<AdminResponse, AdminError> {
+    let mut stream = UnixStream::connect(path).map_err(|source| AdminError::Connect {
+        path: path.display().to_string(),
+        source,
+    })?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut line = serde_json::to_vec(&req)?;
+    line.push(b'\n');
+    stream.write_all(&line)?;
+    let mut answer = String::new();
+    BufReader::new(stream).read_line(&mut answer)?;
+    Ok(serde_json::from_str(answer.trim())?)
+}
+
+fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
+    v.as_ref().map_or_else(|| "-".to_string(), |v| v.to_string())
+}
+
+/// Renders rows as an aligned text table.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            if let Some(w) = widths.get_mut(i) {
+                *w = (*w).max(c.len());
+            }
+        }
+    }
+    let line = |cells: Vec<String>| {
+        cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{:<w$}", c, w = widths.get(i).copied().unwrap_or(0)))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_string()
+    };
+    let mut out = line(header.iter().map(|h| h.to_string()).collect());
+    out.push('\n');
+    for r in rows {
+        out.push_str(&line(r.clone()));
+        out.push('\n');
+    }
+    out
+}
+
+/// Renders a response for humans.
+pub fn render(resp: &AdminResponse) -> String {
+    match resp {
+        AdminResponse::Guests { guests } => table(
+            &["NAME", "MAC", "SOCKET", "CONNECTED", "CHANNELS", "FRAMES-IN", "FRAMES-OUT", "DROPS"],
+            &guests
+                .iter()
+                .map(|g| {
+                    vec![
+                        g.name.clone(),
+                        g.macs.join(","),
+                        g.socket.clone(),
+                        if g.connected { "yes" } else { "no" }.to_string(),
+                        g.channels.to_string(),
+                        g.frames_in.to_string(),
+                        g.frames_out.to_string(),
+                        g.drops.to_string(),
+                    ]
+                })
+                .collect::<Vec<_>>(),
+        ),
+        AdminResponse::Channels { channels } => table(
+            &["ID", "GUEST", "ADDR", "STATE", "WORKER", "CPU", "RING", "TX", "DELIVERED", "ERRORS", "RX", "RX-BYTES"],
+            &channels
+                .iter()
+                .map(|c| {
+                    vec![
+                        c.id.to_string(),
+                        c.guest.clone(),
+                        c.addr.clone(),
+                        c.state.clone(),
+                        opt(&c.worker),
+                        opt(&c.cpu),
+                        c.ring_size.to_string(),
+                        c.tx.to_string(),
+                        c.delivered.to_string(),
+                        c.errors.to_string(),
+                        c.rx.to_string(),
+                        c.rx_bytes.to_string(),
+                    ]
+                })
+                .collect::<Vec<_>>(),
+        ),
+        AdminResponse::Engine(e) => {
+            let mut s = table(
+                &["WORKER", "CPU", "CHANNELS", "MESSAGES", "SLEEPS", "DOORBELLS", "FAULTS"],
+                &e.workers
+                    .iter()
+                    .map(|w| {
+                        vec![
+                            w.worker.to_string(),
+                            opt(&w.cpu),
+                            w.channels.to_string(),
+                            w.messages.to_string(),
+                            w.sleeps.to_string(),
+                            w.doorbells.to_string(),
+                            w.faults.to_string(),
+                        ]
+                    })
+                    .collect::<Vec<_>>(),
+            );
+            s.push_str(&format!(
+                "control responses {}  doorbells {}  wakes {}  control drops {}  switch drops {}\n",
+                e.control_requests, e.doorbells, e.wakes, e.control_drops, e.switch_drops
+            ));
+            s
+        }
+        AdminResponse::Error { message } => format!("error: {message}\n"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fixed;
+    impl AdminSource for Fixed {
+        fn answer(&self, req: AdminRequest) -> AdminResponse {
+            match req {
+                AdminRequest::Guests => AdminResponse::Guests {
+                    guests: vec![GuestView {
+                        name: "vm1".into(),
+                        macs: vec!["52:54:00:00:00:01".into()],
+                        socket: "/tmp/vm1.sock".into(),
+                        connected: true,
+                        channels: 2,
+                        frames_in: 10,
+                        frames_out: 11,
+                        drops: 0,
+                    }],
+                },
+                _ => AdminResponse::Error { message: "n/a".into() },
+            }
+        }
+    }
+
+    #[test]
+    fn a_request_round_trips_over_the_socket_and_renders() {
+        let path = std::env::temp_dir().join(format!("svnic-admin-test-{}.sock", std::process::id()));
+        let server = AdminServer::start(&path, Arc::new(Fixed)).unwrap();
+        let resp = query(&path, AdminRequest::Guests).unwrap();
+        let text = render(&resp);
+        assert!(text.contains("vm1") && text.contains("CONNECTED") && text.contains("yes"), "{text}");
+        // Garbage gets an error answer, and the server keeps serving.
+        let mut s = UnixStream::connect(&path).unwrap();
+        s.write_all(b"{not json}\n").unwrap();
+        let mut answer = String::new();
+        BufReader::new(s).read_line(&mut answer).unwrap();
+        assert!(answer.contains("bad request"), "{answer}");
+        assert!(query(&path, AdminRequest::Guests).is_ok());
+        drop(server);
+        assert!(!path.exists(), "socket removed on shutdown");
+        assert!(matches!(query(&path, AdminRequest::Guests), Err(AdminError::Connect { .. })));
+    }
+}
