@@ -4,5 +4,7 @@
 //! and (later) the transports that create channels through the engine's control path.
 
 pub mod channel;
+pub mod control_client;
+pub mod virtio_user;
 
 pub use channel::{Channel, ChannelError, ClientStats, Doorbell, WaitPolicy, Waiter};

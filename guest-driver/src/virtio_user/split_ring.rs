@@ -1,0 +1,532 @@
+//! The driver side of a virtio 1.x split virtqueue (virtio 1.2, section 2.7 "Split Virtqueues"),
+//! in shared memory the device also maps.
+//!
+//! One buffer is one descriptor (no chains, no indirect descriptors): that is all virtio-net
+//! needs here, and it keeps the bookkeeping exact. Every descriptor id is in one of three states:
+//! free, claimed (held by the driver code above, between [`SplitRing::claim`] or
+//! [`SplitRing::pop_used`] and [`SplitRing::push`] or [`SplitRing::unclaim`]), or owned by the
+//! device (made available, not yet returned). The device is not trusted: every used element it
+//! writes is checked against that state, and an impossible one breaks the ring with a
+//! [`RingError`] (sticky: the ring is unusable after it), never a panic.
+//!
+//! Ordering (2.7.13 "Supplying Buffers to The Device", 2.7.14 "Receiving Used Buffers From The
+//! Device"): descriptors and avail-ring slots are written first, then `avail.idx` is stored with
+//! Release, so a device that loads it with Acquire sees them. `used.idx` is loaded with Acquire
+//! before the used elements it covers are read. The notification checks (2.7.7, 2.7.10) need a
+//! full fence between publishing an index and reading the other side's event index.
+
+use std::num::Wrapping;
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+
+use thiserror::Error;
+use virtio_bindings::virtio_ring::{
+    VRING_AVAIL_F_NO_INTERRUPT, VRING_DESC_F_WRITE, VRING_USED_F_NO_NOTIFY,
+};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+/// Largest queue size the split format allows (2.7: "Queue Size ... maximum 32768").
+pub const MAX_QUEUE_SIZE: u16 = 32768;
+/// Size of one descriptor (2.7.5 "The Virtqueue Descriptor Table": addr u64, len u32, flags u16,
+/// next u16).
+const DESC_SIZE: u64 = 16;
+/// Size of one used element (2.7.8 "The Virtqueue Used Ring": id u32, len u32).
+const USED_ELEM_SIZE: u64 = 8;
+/// `flags` and `idx` before the ring array, in both the avail and the used ring.
+const RING_HEADER: u64 = 4;
+
+/// Where the three parts of a split virtqueue lie (guest-physical addresses) and its size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RingLayout {
+    /// Queue size (power of two, 1..=32768).
+    pub size: u16,
+    /// Descriptor table (16-byte aligned).
+    pub desc: u64,
+    /// Available ring, "driver area" (2-byte aligned).
+    pub avail: u64,
+    /// Used ring, "device area" (4-byte aligned).
+    pub used: u64,
+}
+
+impl RingLayout {
+    /// Bytes of the descriptor table for `size` entries.
+    pub fn desc_bytes(size: u16) -> u64 {
+        DESC_SIZE * u64::from(size)
+    }
+
+    /// Bytes of the available ring (flags, idx, `ring[size]`, used_event).
+    pub fn avail_bytes(size: u16) -> u64 {
+        RING_HEADER + 2 * u64::from(size) + 2
+    }
+
+    /// Bytes of the used ring (flags, idx, `ring[size]`, avail_event).
+    pub fn used_bytes(size: u16) -> u64 {
+        RING_HEADER + USED_ELEM_SIZE * u64::from(size) + 2
+    }
+
+    fn used_event_addr(&self) -> u64 {
+        self.avail + RING_HEADER + 2 * u64::from(self.size)
+    }
+
+    fn avail_event_addr(&self) -> u64 {
+        self.used + RING_HEADER + USED_ELEM_SIZE * u64::from(self.size)
+    }
+}
+
+/// A device (or driver-code) error on a split virtqueue. Once returned, the ring is broken.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum RingError {
+    /// The layout is unusable (size, alignment, or outside memory).
+    #[error("{queue} queue: invalid layout: {why}")]
+    BadLayout {
+        /// Queue name.
+        queue: &'static str,
+        /// What is wrong.
+        why: String,
+    },
+    /// The device returned a descriptor id outside the queue.
+    #[error("{queue} queue: device returned descriptor id {id}, but the queue has only {size} descriptors; queue broken")]
+    BadUsedId {
+        /// Queue name.
+        queue: &'static str,
+        /// Id written by the device.
+        id: u32,
+        /// Queue size.
+        size: u16,
+    },
+    /// The device returned a descriptor it does not own (never made available, or already used).
+    #[error("{queue} queue: device returned descriptor {id}, which it does not own (not available or already returned); queue broken")]
+    NotOutstanding {
+        /// Queue name.
+        queue: &'static str,
+        /// Id written by the device.
+        id: u32,
+    },
+    /// The device claims to have written more than the buffer holds.
+    #[error("{queue} queue: device says it wrote {len} bytes into descriptor {id}, whose buffer has {buffer_len}; queue broken")]
+    UsedLenTooLarge {
+        /// Queue name.
+        queue: &'static str,
+        /// Descriptor id.
+        id: u16,
+        /// Length written by the device.
+        len: u32,
+        /// Buffer length.
+        buffer_len: u32,
+    },
+    /// `used.idx` moved by more than the number of buffers the device holds.
+    #[error("{queue} queue: device moved used idx from {last_used} to {used_idx}, but held only {in_flight} buffers; queue broken")]
+    UsedIdxJump {
+        /// Queue name.
+        queue: &'static str,
+        /// The used idx the device wrote.
+        used_idx: u16,
+        /// The driver's last consumed used idx.
+        last_used: u16,
+        /// Buffers the device held.
+        in_flight: u16,
+    },
+    /// A driver-side misuse (a bug in the code above the ring), reported instead of panicking.
+    #[error("{queue} queue: driver error: {why}")]
+    Misuse {
+        /// Queue name.
+        queue: &'static str,
+        /// What went wrong.
+        why: String,
+    },
+    /// Ring memory could not be accessed.
+    #[error("{queue} queue: cannot access {what} at {addr:#x}: {why}")]
+    Memory {
+        /// Queue name.
+        queue: &'static str,
+        /// Which field.
+        what: &'static str,
+        /// Guest-physical address.
+        addr: u64,
+        /// vm-memory's error.
+        why: String,
+    },
+}
+
+/// A buffer the device returned: its descriptor id (now claimed by the caller) and the number of
+/// bytes the device wrote (validated against the buffer for device-writable buffers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UsedBuffer {
+    /// Descriptor id.
+    pub id: u16,
+    /// Bytes written by the device.
+    pub len: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slot {
+    Free,
+    Claimed,
+    Device { len: u32, writable: bool },
+}
+
+/// True if an index moving from `old` to `new` passes `event` (the `vring_need_event` rule of
+/// 2.7.7.2 and 2.7.10.2: notify when the index moves past the event index).
+pub(crate) fn need_event(event: u16, new: u16, old: u16) -> bool {
+    new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
+}
+
+/// The driver side of one split virtqueue.
+#[derive(Debug)]
+pub struct SplitRing {
+    queue: &'static str,
+    mem: Arc<GuestMemoryMmap>,
+    layout: RingLayout,
+    event_idx: bool,
+    slots: Vec<Slot>,
+    free: Vec<u16>,
+    /// Our avail idx: the next avail-ring entry we write (the private copy; never read back).
+    next_avail: Wrapping<u16>,
+    /// avail idx at the last kick decision ("old" of vring_need_event).
+    kick_checked: Wrapping<u16>,
+    /// used idx up to which we have consumed used elements.
+    last_used: Wrapping<u16>,
+    in_flight: u16,
+    broken: Option<RingError>,
+}
+
+impl SplitRing {
+    /// Sets up the driver side over `layout` in `mem`: checks size, alignment (2.7 "Virtqueue
+    /// Part Alignment") and that all three parts lie in memory, and zeroes them (avail idx,
+    /// used idx and both event indices start at 0). `event_idx`: VIRTIO_F_EVENT_IDX was negotiated.
+    pub fn new(
+        queue: &'static str,
+        mem: Arc<GuestMemoryMmap>,
+        layout: RingLayout,
+        event_idx: bool,
+    ) -> Result<Self, RingError> {
+        let bad = |why: String| RingError::BadLayout { queue, why };
+        let size = layout.size;
+        if !size.is_power_of_two() || size > MAX_QUEUE_SIZE {
+            return Err(bad(format!(
+                "size {size} is not a power of two in 1..={MAX_QUEUE_SIZE}"
+            )));
+        }
+        let parts = [
+            (
+                "descriptor table",
+                layout.desc,
+                16,
+                RingLayout::desc_bytes(size),
+            ),
+            (
+                "available ring",
+                layout.avail,
+                2,
+                RingLayout::avail_bytes(size),
+            ),
+            ("used ring", layout.used, 4, RingLayout::used_bytes(size)),
+        ];
+        for (what, addr, align, len) in parts {
+            if addr % align != 0 {
+                return Err(bad(format!(
+                    "{what} at {addr:#x} is not {align}-byte aligned"
+                )));
+            }
+            let zeros = vec![0u8; len as usize];
+            mem.write_slice(&zeros, GuestAddress(addr))
+                .map_err(|e| bad(format!("{what} at {addr:#x}+{len:#x}: {e}")))?;
+        }
+        Ok(SplitRing {
+            queue,
+            mem,
+            layout,
+            event_idx,
+            slots: vec![Slot::Free; usize::from(size)],
+            free: (0..size).rev().collect(),
+            next_avail: Wrapping(0),
+            kick_checked: Wrapping(0),
+            last_used: Wrapping(0),
+            in_flight: 0,
+            broken: None,
+        })
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> RingLayout {
+        self.layout
+    }
+
+    /// Queue size.
+    pub fn size(&self) -> u16 {
+        self.layout.size
+    }
+
+    /// Buffers the device holds.
+    pub fn in_flight(&self) -> u16 {
+        self.in_flight
+    }
+
+    /// Free descriptors (neither claimed nor held by the device).
+    pub fn free_count(&self) -> usize {
+        self.free.len()
+    }
+
+    /// The error that broke the ring, if any.
+    pub fn broken(&self) -> Option<&RingError> {
+        self.broken.as_ref()
+    }
+
+    fn check(&self) -> Result<(), RingError> {
+        match &self.broken {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    fn fail<T>(&mut self, e: RingError) -> Result<T, RingError> {
+        self.broken = Some(e.clone());
+        Err(e)
+    }
+
+    fn mem_err(&self, what: &'static str, addr: u64, e: impl std::fmt::Display) -> RingError {
+        RingError::Memory {
+            queue: self.queue,
+            what,
+            addr,
+            why: e.to_string(),
+        }
+    }
+
+    fn load_u16(&self, what: &'static str, addr: u64, order: Ordering) -> Result<u16, RingError> {
+        self.mem
+            .load::<u16>(GuestAddress(addr), order)
+            .map(u16::from_le)
+            .map_err(|e| self.mem_err(what, addr, e))
+    }
+
+    fn store_u16(
+        &self,
+        what: &'static str,
+        addr: u64,
+        val: u16,
+        order: Ordering,
+    ) -> Result<(), RingError> {
+        self.mem
+            .store(val.to_le(), GuestAddress(addr), order)
+            .map_err(|e| self.mem_err(what, addr, e))
+    }
+
+    /// Claims a free descriptor id for a buffer the caller will [`SplitRing::push`]; `None` if
+    /// all are claimed or held by the device.
+    pub fn claim(&mut self) -> Option<u16> {
+        if self.broken.is_some() {
+            return None;
+        }
+        let id = self.free.pop()?;
+        self.slots[usize::from(id)] = Slot::Claimed;
+        Some(id)
+    }
+
+    /// Gives a claimed id back to the free list (a transmitted buffer that came back, or a
+    /// claim the caller could not use).
+    pub fn unclaim(&mut self, id: u16) -> Result<(), RingError> {
+        match self.slots.get(usize::from(id)) {
+            Some(Slot::Claimed) => {
+                self.slots[usize::from(id)] = Slot::Free;
+                self.free.push(id);
+                Ok(())
+            }
+            other => Err(RingError::Misuse {
+                queue: self.queue,
+                why: format!("unclaim of descriptor {id} in state {other:?}"),
+            }),
+        }
+    }
+
+    /// Makes a claimed descriptor available to the device: writes the descriptor (2.7.5) and
+    /// the next avail-ring entry (2.7.13.2). Not visible to the device until
+    /// [`SplitRing::publish`]. `writable`: the device writes the buffer (RX), else reads it (TX).
+    pub fn push(&mut self, id: u16, addr: u64, len: u32, writable: bool) -> Result<(), RingError> {
+        self.check()?;
+        if self.slots.get(usize::from(id)) != Some(&Slot::Claimed) {
+            return Err(RingError::Misuse {
+                queue: self.queue,
+                why: format!("push of descriptor {id}, which is not claimed"),
+            });
+        }
+        let flags = if writable {
+            VRING_DESC_F_WRITE as u16
+        } else {
+            0
+        };
+        let mut desc = [0u8; DESC_SIZE as usize];
+        desc[0..8].copy_from_slice(&addr.to_le_bytes());
+        desc[8..12].copy_from_slice(&len.to_le_bytes());
+        desc[12..14].copy_from_slice(&flags.to_le_bytes());
+        // next = 0: no VIRTQ_DESC_F_NEXT, a chain of one.
+        let desc_addr = self.layout.desc + DESC_SIZE * u64::from(id);
+        self.mem
+            .write_slice(&desc, GuestAddress(desc_addr))
+            .map_err(|e| self.mem_err("descriptor", desc_addr, e))?;
+        let slot = u64::from(self.next_avail.0 & (self.layout.size - 1));
+        let entry = self.layout.avail + RING_HEADER + 2 * slot;
+        // Relaxed: the Release store of avail.idx in publish() orders this write before it.
+        self.store_u16("avail ring entry", entry, id, Ordering::Relaxed)?;
+        self.next_avail += 1;
+        self.slots[usize::from(id)] = Slot::Device { len, writable };
+        self.in_flight += 1;
+        Ok(())
+    }
+
+    /// Publishes every pushed buffer: stores avail.idx with Release (2.7.13.3 "Updating idx":
+    /// the device must see the descriptors and ring entries before the new idx).
+    pub fn publish(&mut self) -> Result<(), RingError> {
+        self.check()?;
+        self.store_u16(
+            "avail idx",
+            self.layout.avail + 2,
+            self.next_avail.0,
+            Ordering::Release,
+        )
+    }
+
+    /// Whether the device wants a notification for what was published since the last call
+    /// (2.7.13.4 "Notifying the device", 2.7.10 "Available Buffer Notification Suppression"):
+    /// with EVENT_IDX, when avail idx moved past the device's `avail_event`; without it, unless
+    /// the device set VIRTQ_USED_F_NO_NOTIFY. Call after [`SplitRing::publish`].
+    pub fn kick_needed(&mut self) -> Result<bool, RingError> {
+        self.check()?;
+        let new = self.next_avail;
+        let old = self.kick_checked;
+        if new == old {
+            return Ok(false);
+        }
+        self.kick_checked = new;
+        // The avail idx store must be visible before we read the device's suppression state,
+        // or both sides could decide the other will act (the lost-kick race).
+        fence(Ordering::SeqCst);
+        if self.event_idx {
+            let event = self.load_u16(
+                "avail_event",
+                self.layout.avail_event_addr(),
+                Ordering::Relaxed,
+            )?;
+            Ok(need_event(event, new.0, old.0))
+        } else {
+            let flags = self.load_u16("used flags", self.layout.used, Ordering::Relaxed)?;
+            Ok(flags & VRING_USED_F_NO_NOTIFY as u16 == 0)
+        }
+    }
+
+    /// Returns the next used buffer, if the device returned one, after checking it
+    /// (2.7.8 "The Virtqueue Used Ring"). The id is claimed by the caller afterwards.
+    pub fn pop_used(&mut self) -> Result<Option<UsedBuffer>, RingError> {
+        self.check()?;
+        // Acquire: the used elements up to used.idx are visible once we see it.
+        let used_idx = self.load_u16("used idx", self.layout.used + 2, Ordering::Acquire)?;
+        let pending = used_idx.wrapping_sub(self.last_used.0);
+        if pending == 0 {
+            return Ok(None);
+        }
+        if pending > self.in_flight {
+            return self.fail(RingError::UsedIdxJump {
+                queue: self.queue,
+                used_idx,
+                last_used: self.last_used.0,
+                in_flight: self.in_flight,
+            });
+        }
+        let slot = u64::from(self.last_used.0 & (self.layout.size - 1));
+        let addr = self.layout.used + RING_HEADER + USED_ELEM_SIZE * slot;
+        let elem: [u8; 8] = match self.mem.read_obj(GuestAddress(addr)) {
+            Ok(e) => e,
+            Err(e) => {
+                let err = self.mem_err("used element", addr, e);
+                return self.fail(err);
+            }
+        };
+        let id = u32::from_le_bytes([elem[0], elem[1], elem[2], elem[3]]);
+        let len = u32::from_le_bytes([elem[4], elem[5], elem[6], elem[7]]);
+        let size = self.layout.size;
+        let Some(id16) = u16::try_from(id).ok().filter(|i| *i < size) else {
+            return self.fail(RingError::BadUsedId {
+                queue: self.queue,
+                id,
+                size,
+            });
+        };
+        match self.slots[usize::from(id16)] {
+            Slot::Device {
+                len: buffer_len,
+                writable,
+            } => {
+                // For a device-readable buffer (TX) len means nothing (the device wrote
+                // nothing; some devices report 0, some the frame length): it is ignored.
+                if writable && len > buffer_len {
+                    return self.fail(RingError::UsedLenTooLarge {
+                        queue: self.queue,
+                        id: id16,
+                        len,
+                        buffer_len,
+                    });
+                }
+            }
+            Slot::Free | Slot::Claimed => {
+                return self.fail(RingError::NotOutstanding {
+                    queue: self.queue,
+                    id,
+                })
+            }
+        }
+        self.slots[usize::from(id16)] = Slot::Claimed;
+        self.in_flight -= 1;
+        self.last_used += 1;
+        Ok(Some(UsedBuffer { id: id16, len }))
+    }
+
+    /// Asks the device for a used-buffer notification as soon as it returns another buffer
+    /// (2.7.7 "Used Buffer Notification Suppression": `used_event` = our last used idx with
+    /// EVENT_IDX, else clear VIRTQ_AVAIL_F_NO_INTERRUPT), then re-checks used.idx. Returns true
+    /// if buffers are already waiting (do not sleep then: their notification may have been
+    /// suppressed before we asked).
+    pub fn enable_used_notification(&mut self) -> Result<bool, RingError> {
+        self.check()?;
+        if self.event_idx {
+            self.store_u16(
+                "used_event",
+                self.layout.used_event_addr(),
+                self.last_used.0,
+                Ordering::Relaxed,
+            )?;
+        } else {
+            self.store_u16("avail flags", self.layout.avail, 0, Ordering::Relaxed)?;
+        }
+        // The request must be visible before we re-read used.idx, or a buffer returned in
+        // between could go unnotified while we sleep.
+        fence(Ordering::SeqCst);
+        let used_idx = self.load_u16("used idx", self.layout.used + 2, Ordering::Acquire)?;
+        Ok(used_idx != self.last_used.0)
+    }
+
+    /// Tells the device that no used-buffer notification is wanted (best effort: the device
+    /// may still notify). With EVENT_IDX `used_event` is set just behind our last used idx, an
+    /// index the device has already passed and cannot pass again before wrapping 65536 buffers.
+    pub fn disable_used_notification(&mut self) -> Result<(), RingError> {
+        self.check()?;
+        if self.event_idx {
+            self.store_u16(
+                "used_event",
+                self.layout.used_event_addr(),
+                self.last_used.0.wrapping_sub(1),
+                Ordering::Relaxed,
+            )
+        } else {
+            self.store_u16(
+                "avail flags",
+                self.layout.avail,
+                VRING_AVAIL_F_NO_INTERRUPT as u16,
+                Ordering::Relaxed,
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "split_ring_tests.rs"]
+mod tests;
