@@ -178,26 +178,32 @@ impl AdminServer {
         listener.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
-        let thread = std::thread::Builder::new().name("svnic-admin".into()).spawn(move || {
-            while !stop2.load(Ordering::Acquire) {
-                match listener.accept() {
-                    Ok((stream, _)) => {
-                        if let Err(e) = serve_one(stream, &*source) {
-                            warn!("admin connection: {e}");
+        let thread = std::thread::Builder::new()
+            .name("svnic-admin".into())
+            .spawn(move || {
+                while !stop2.load(Ordering::Acquire) {
+                    match listener.accept() {
+                        Ok((stream, _)) => {
+                            if let Err(e) = serve_one(stream, &*source) {
+                                warn!("admin connection: {e}");
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            std::thread::sleep(Duration::from_millis(20))
+                        }
+                        Err(e) => {
+                            warn!("admin socket accept: {e}");
+                            std::thread::sleep(Duration::from_millis(100));
                         }
                     }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        std::thread::sleep(Duration::from_millis(20))
-                    }
-                    Err(e) => {
-                        warn!("admin socket accept: {e}");
-                        std::thread::sleep(Duration::from_millis(100));
-                    }
                 }
-            }
-        })?;
+            })?;
         info!("admin socket at {}", path.display());
-        Ok(AdminServer { path: path.to_path_buf(), stop, thread: Some(thread) })
+        Ok(AdminServer {
+            path: path.to_path_buf(),
+            stop,
+            thread: Some(thread),
+        })
     }
 }
 
@@ -224,7 +230,9 @@ fn serve_one(stream: UnixStream, source: &dyn AdminSource) -> std::io::Result<()
     }
     let response = match serde_json::from_str::<AdminRequest>(line.trim()) {
         Ok(req) => source.answer(req),
-        Err(e) => AdminResponse::Error { message: format!("bad request: {e}") },
+        Err(e) => AdminResponse::Error {
+            message: format!("bad request: {e}"),
+        },
     };
     let mut out = serde_json::to_vec(&response).map_err(std::io::Error::other)?;
     out.push(b'\n');
@@ -247,7 +255,8 @@ pub fn query(path: &Path, req: AdminRequest) -> Result<AdminResponse, AdminError
 }
 
 fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
-    v.as_ref().map_or_else(|| "-".to_string(), |v| v.to_string())
+    v.as_ref()
+        .map_or_else(|| "-".to_string(), |v| v.to_string())
 }
 
 /// Renders rows as an aligned text table.
@@ -283,7 +292,16 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 pub fn render(resp: &AdminResponse) -> String {
     match resp {
         AdminResponse::Guests { guests } => table(
-            &["NAME", "MAC", "SOCKET", "CONNECTED", "CHANNELS", "FRAMES-IN", "FRAMES-OUT", "DROPS"],
+            &[
+                "NAME",
+                "MAC",
+                "SOCKET",
+                "CONNECTED",
+                "CHANNELS",
+                "FRAMES-IN",
+                "FRAMES-OUT",
+                "DROPS",
+            ],
             &guests
                 .iter()
                 .map(|g| {
@@ -301,7 +319,20 @@ pub fn render(resp: &AdminResponse) -> String {
                 .collect::<Vec<_>>(),
         ),
         AdminResponse::Channels { channels } => table(
-            &["ID", "GUEST", "ADDR", "STATE", "WORKER", "CPU", "RING", "TX", "DELIVERED", "ERRORS", "RX", "RX-BYTES"],
+            &[
+                "ID",
+                "GUEST",
+                "ADDR",
+                "STATE",
+                "WORKER",
+                "CPU",
+                "RING",
+                "TX",
+                "DELIVERED",
+                "ERRORS",
+                "RX",
+                "RX-BYTES",
+            ],
             &channels
                 .iter()
                 .map(|c| {
@@ -324,7 +355,15 @@ pub fn render(resp: &AdminResponse) -> String {
         ),
         AdminResponse::Engine(e) => {
             let mut s = table(
-                &["WORKER", "CPU", "CHANNELS", "MESSAGES", "SLEEPS", "DOORBELLS", "FAULTS"],
+                &[
+                    "WORKER",
+                    "CPU",
+                    "CHANNELS",
+                    "MESSAGES",
+                    "SLEEPS",
+                    "DOORBELLS",
+                    "FAULTS",
+                ],
                 &e.workers
                     .iter()
                     .map(|w| {
@@ -370,18 +409,24 @@ mod tests {
                         drops: 0,
                     }],
                 },
-                _ => AdminResponse::Error { message: "n/a".into() },
+                _ => AdminResponse::Error {
+                    message: "n/a".into(),
+                },
             }
         }
     }
 
     #[test]
     fn a_request_round_trips_over_the_socket_and_renders() {
-        let path = std::env::temp_dir().join(format!("svnic-admin-test-{}.sock", std::process::id()));
+        let path =
+            std::env::temp_dir().join(format!("svnic-admin-test-{}.sock", std::process::id()));
         let server = AdminServer::start(&path, Arc::new(Fixed)).unwrap();
         let resp = query(&path, AdminRequest::Guests).unwrap();
         let text = render(&resp);
-        assert!(text.contains("vm1") && text.contains("CONNECTED") && text.contains("yes"), "{text}");
+        assert!(
+            text.contains("vm1") && text.contains("CONNECTED") && text.contains("yes"),
+            "{text}"
+        );
         // Garbage gets an error answer, and the server keeps serving.
         let mut s = UnixStream::connect(&path).unwrap();
         s.write_all(b"{not json}\n").unwrap();
@@ -391,6 +436,9 @@ mod tests {
         assert!(query(&path, AdminRequest::Guests).is_ok());
         drop(server);
         assert!(!path.exists(), "socket removed on shutdown");
-        assert!(matches!(query(&path, AdminRequest::Guests), Err(AdminError::Connect { .. })));
+        assert!(matches!(
+            query(&path, AdminRequest::Guests),
+            Err(AdminError::Connect { .. })
+        ));
     }
 }

@@ -102,7 +102,12 @@ fn parse_mac(context: &str, s: &str) -> Result<MacAddr, ConfigError> {
         .parse()
         .map_err(|_| field_err(context, "mac", s, "six hex pairs like 52:54:00:12:34:56"))?;
     if !mac.is_unicast() {
-        return Err(field_err(context, "mac", s, "a unicast address (first octet even, not all zeros)"));
+        return Err(field_err(
+            context,
+            "mac",
+            s,
+            "a unicast address (first octet even, not all zeros)",
+        ));
     }
     Ok(mac)
 }
@@ -123,10 +128,16 @@ impl GuestConfig {
                 "mac" => mac = Some(parse_mac(&ctx, v)?),
                 "endpoints" => endpoints = Some(parse_endpoints(&ctx, v)?),
                 "channels" => {
-                    channels = Some(v.parse::<u32>().map_err(|_| field_err(&ctx, k, v, "a positive integer"))?)
+                    channels = Some(
+                        v.parse::<u32>()
+                            .map_err(|_| field_err(&ctx, k, v, "a positive integer"))?,
+                    )
                 }
                 "max_region_mib" => {
-                    max_region = Some(v.parse::<u64>().map_err(|_| field_err(&ctx, k, v, "an integer (MiB)"))?)
+                    max_region = Some(
+                        v.parse::<u64>()
+                            .map_err(|_| field_err(&ctx, k, v, "an integer (MiB)"))?,
+                    )
                 }
                 other => {
                     return Err(field_err(
@@ -162,9 +173,14 @@ impl GuestConfig {
         if let Some(m) = max_region_mib {
             policy.max_region_len = m.saturating_mul(1 << 20);
         }
-        policy
-            .validate()
-            .map_err(|e| field_err(&format!("guest '{name}'"), "policy", &e.to_string(), "a valid guest policy"))?;
+        policy.validate().map_err(|e| {
+            field_err(
+                &format!("guest '{name}'"),
+                "policy",
+                &e.to_string(),
+                "a valid guest policy",
+            )
+        })?;
         if socket.as_os_str().is_empty() {
             return Err(field_err(&name, "socket", "", "a path"));
         }
@@ -223,7 +239,12 @@ fn placement(ctx: &str, s: &str) -> Result<Placement, ConfigError> {
     match s {
         "endpoint-hash" => Ok(Placement::EndpointHash),
         "least-loaded" => Ok(Placement::LeastLoaded),
-        _ => Err(field_err(ctx, "placement", s, "endpoint-hash or least-loaded")),
+        _ => Err(field_err(
+            ctx,
+            "placement",
+            s,
+            "endpoint-hash or least-loaded",
+        )),
     }
 }
 
@@ -252,8 +273,19 @@ impl DaemonConfig {
         for g in parsed.guest {
             let ctx = format!("guest '{}'", g.name);
             let mac = parse_mac(&ctx, &g.mac)?;
-            let endpoints = g.endpoints.as_deref().map(|e| parse_endpoints(&ctx, e)).transpose()?;
-            guests.push(GuestConfig::build(g.name, g.socket, mac, endpoints, g.channels, g.max_region_mib)?);
+            let endpoints = g
+                .endpoints
+                .as_deref()
+                .map(|e| parse_endpoints(&ctx, e))
+                .transpose()?;
+            guests.push(GuestConfig::build(
+                g.name,
+                g.socket,
+                mac,
+                endpoints,
+                g.channels,
+                g.max_region_mib,
+            )?);
         }
         for spec in guest_specs {
             guests.push(GuestConfig::parse_spec(spec)?);
@@ -267,7 +299,10 @@ impl DaemonConfig {
         let mut engine = EngineConfig::default();
         let ctx = "engine";
         engine.workers = overrides.workers.or(fe.workers).unwrap_or(engine.workers);
-        engine.poll_budget = overrides.poll_budget.or(fe.poll_budget).unwrap_or(engine.poll_budget);
+        engine.poll_budget = overrides
+            .poll_budget
+            .or(fe.poll_budget)
+            .unwrap_or(engine.poll_budget);
         if let Some(ms) = overrides.backpressure_wait_ms.or(fe.backpressure_wait_ms) {
             engine.backpressure_wait = Duration::from_millis(ms);
         }
@@ -326,7 +361,9 @@ mod tests {
 
     #[test]
     fn a_full_guest_spec_parses() {
-        let c = load(&["name=vm1,socket=/tmp/a.sock,mac=52:54:00:00:00:01,endpoints=10-20,channels=4"]).unwrap();
+        let c =
+            load(&["name=vm1,socket=/tmp/a.sock,mac=52:54:00:00:00:01,endpoints=10-20,channels=4"])
+                .unwrap();
         let g = &c.guests[0];
         assert_eq!(g.policy.name, "vm1");
         assert_eq!(g.socket, PathBuf::from("/tmp/a.sock"));
@@ -339,12 +376,24 @@ mod tests {
         let cases = [
             ("name=a,socket=/s,mac=zz", "mac"),
             ("name=a,socket=/s,mac=ff:ff:ff:ff:ff:ff", "mac"),
-            ("name=a,socket=/s,mac=52:54:00:00:00:01,endpoints=9-1", "endpoints"),
-            ("name=a,socket=/s,mac=52:54:00:00:00:01,channels=x", "channels"),
-            ("name=a,socket=/s,mac=52:54:00:00:00:01,colour=blue", "colour"),
+            (
+                "name=a,socket=/s,mac=52:54:00:00:00:01,endpoints=9-1",
+                "endpoints",
+            ),
+            (
+                "name=a,socket=/s,mac=52:54:00:00:00:01,channels=x",
+                "channels",
+            ),
+            (
+                "name=a,socket=/s,mac=52:54:00:00:00:01,colour=blue",
+                "colour",
+            ),
             ("socket=/s,mac=52:54:00:00:00:01", "name"),
             ("name=a,mac=52:54:00:00:00:01", "socket"),
-            ("name=a,socket=/s,mac=52:54:00:00:00:01,channels=0", "policy"),
+            (
+                "name=a,socket=/s,mac=52:54:00:00:00:01,channels=0",
+                "policy",
+            ),
         ];
         for (spec, field) in cases {
             match load(&[spec]) {
@@ -357,10 +406,19 @@ mod tests {
     #[test]
     fn duplicates_and_emptiness_are_refused() {
         assert_eq!(load(&[]).unwrap_err(), ConfigError::NoGuests);
-        let e = load(&["name=a,socket=/1,mac=52:54:00:00:00:01", "name=b,socket=/2,mac=52:54:00:00:00:01"]);
+        let e = load(&[
+            "name=a,socket=/1,mac=52:54:00:00:00:01",
+            "name=b,socket=/2,mac=52:54:00:00:00:01",
+        ]);
         assert!(matches!(e, Err(ConfigError::Duplicate { what: "mac", .. })));
-        let e = load(&["name=a,socket=/1,mac=52:54:00:00:00:01", "name=b,socket=/1,mac=52:54:00:00:00:02"]);
-        assert!(matches!(e, Err(ConfigError::Duplicate { what: "socket", .. })));
+        let e = load(&[
+            "name=a,socket=/1,mac=52:54:00:00:00:01",
+            "name=b,socket=/1,mac=52:54:00:00:00:02",
+        ]);
+        assert!(matches!(
+            e,
+            Err(ConfigError::Duplicate { what: "socket", .. })
+        ));
     }
 
     #[test]
@@ -387,7 +445,10 @@ mod tests {
         let bad = dir.join("bad2.toml");
         std::fs::write(&bad, "[engine]\nworkers = 0\n[[guest]]\nname=\"a\"\nsocket=\"/a\"\nmac=\"52:54:00:00:00:01\"\n").unwrap();
         let e = DaemonConfig::load(Some(&bad), &[], &EngineOverrides::default(), None).unwrap_err();
-        assert!(matches!(e, ConfigError::Field { ref field, .. } if field == "workers"), "{e}");
+        assert!(
+            matches!(e, ConfigError::Field { ref field, .. } if field == "workers"),
+            "{e}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -26,7 +26,10 @@ fn two_workers_64_channels_many_messages_counters_balance_exactly() {
             chans.push((g, i, ch));
         }
     }
-    let dests: Vec<_> = chans.iter().map(|(g, i, _)| guests[(g + 1) % 4].addr(*i)).collect();
+    let dests: Vec<_> = chans
+        .iter()
+        .map(|(g, i, _)| guests[(g + 1) % 4].addr(*i))
+        .collect();
     let per_channel = 3_000u64;
     let mut sent = vec![0u64; chans.len()];
     let mut received = vec![Vec::<u64>::new(); chans.len()];
@@ -35,14 +38,20 @@ fn two_workers_64_channels_many_messages_counters_balance_exactly() {
     loop {
         let mut all = true;
         for (k, (_, _, ch)) in chans.iter_mut().enumerate() {
-            while sent[k] < per_channel && ch.send_user(dests[k], sent[k], &(k as u64).to_le_bytes(), false).unwrap() {
+            while sent[k] < per_channel
+                && ch
+                    .send_user(dests[k], sent[k], &(k as u64).to_le_bytes(), false)
+                    .unwrap()
+            {
                 sent[k] += 1;
             }
             ch.flush().unwrap();
             buf.clear();
             ch.poll(&mut buf, 256).unwrap();
             for m in &buf {
-                let Message::UserData(u) = m else { panic!("unexpected {m:?}") };
+                let Message::UserData(u) = m else {
+                    panic!("unexpected {m:?}")
+                };
                 received[k].push(u.cookie);
             }
             all &= received[k].len() as u64 == per_channel;
@@ -98,14 +107,22 @@ fn a_faulted_channel_does_not_disturb_the_others() {
         a.flush().unwrap();
         if sent > n / 2 && !faulted {
             // Guest C writes a TX producer index 1000 slots ahead, and garbage posts.
-            bad.region().slice().write_obj(1000u32, header::TX_HEAD).unwrap();
+            bad.region()
+                .slice()
+                .write_obj(1000u32, header::TX_HEAD)
+                .unwrap();
             engine.doorbell(ChannelId(bad.id()));
             faulted = true;
         }
         b.poll(&mut got, 256).unwrap();
     }
-    assert_eq!(got.iter().map(|m| m.cookie()).collect::<Vec<_>>(), (0..n).collect::<Vec<_>>());
-    wait_until(T, || engine.run_state(ChannelId(bad.id())) == Some(RunState::Faulted));
+    assert_eq!(
+        got.iter().map(|m| m.cookie()).collect::<Vec<_>>(),
+        (0..n).collect::<Vec<_>>()
+    );
+    wait_until(T, || {
+        engine.run_state(ChannelId(bad.id())) == Some(RunState::Faulted)
+    });
     assert!(bad.fault().unwrap().contains("TX"), "{:?}", bad.fault());
     assert_eq!(engine.worker_stats()[0].faults, 1);
     // The worker goes on serving: a fresh round trip works.
@@ -113,13 +130,20 @@ fn a_faulted_channel_does_not_disturb_the_others() {
     a.flush().unwrap();
     assert_eq!(recv_n(&mut b, &gb.waker, 1, T)[0].cookie(), 99);
     // The faulted channel can be destroyed, freeing its endpoint for a new channel.
-    engine.destroy_channel(Some(gc.id), ChannelId(bad.id())).unwrap();
+    engine
+        .destroy_channel(Some(gc.id), ChannelId(bad.id()))
+        .unwrap();
     let _again = gc.open(3);
 }
 
 #[test]
 fn destroy_while_traffic_flows_accounts_for_every_message() {
-    let engine = Engine::new(EngineConfig { workers: 2, backpressure_wait: Duration::from_millis(20), ..Default::default() }).unwrap();
+    let engine = Engine::new(EngineConfig {
+        workers: 2,
+        backpressure_wait: Duration::from_millis(20),
+        ..Default::default()
+    })
+    .unwrap();
     let mut ga = FakeGuest::new(&engine, 1, 8);
     let mut gb = FakeGuest::new(&engine, 2, 8);
     let mut a = ga.open(1);
@@ -147,22 +171,46 @@ fn destroy_while_traffic_flows_accounts_for_every_message() {
         a.poll(&mut completions, 1024).unwrap();
     }
     // Wait until the engine has taken everything, then collect the last completions.
-    wait_until(T, || engine.channel_stats(ChannelId(a.id())).unwrap().tx_taken == n);
+    wait_until(T, || {
+        engine.channel_stats(ChannelId(a.id())).unwrap().tx_taken == n
+    });
     let s = engine.channel_stats(ChannelId(a.id())).unwrap();
     let errors = s.tx_errors_total();
     while (completions.len() as u64) < errors {
-        a.wait_poll(&mut completions, 1024, Duration::from_millis(100), &*ga.waker).unwrap();
+        a.wait_poll(
+            &mut completions,
+            1024,
+            Duration::from_millis(100),
+            &*ga.waker,
+        )
+        .unwrap();
         assert!(completions.len() as u64 <= errors);
     }
-    assert_eq!(s.tx_delivered + errors, n, "every message delivered or error-completed");
+    assert_eq!(
+        s.tx_delivered + errors,
+        n,
+        "every message delivered or error-completed"
+    );
     assert!(errors > 0 && s.tx_delivered > 0);
     for m in &completions {
-        let Message::Completion(c) = m else { panic!("unexpected {m:?}") };
-        assert!(matches!(c.status, CompletionStatus::NoRoute | CompletionStatus::DestinationGone), "{c:?}");
+        let Message::Completion(c) = m else {
+            panic!("unexpected {m:?}")
+        };
+        assert!(
+            matches!(
+                c.status,
+                CompletionStatus::NoRoute | CompletionStatus::DestinationGone
+            ),
+            "{c:?}"
+        );
     }
     // B saw a prefix of what was delivered before the destroy (it stopped polling then).
     assert!(received <= s.tx_delivered);
-    assert_eq!(engine.run_state(b_id), None, "destroyed channels are forgotten by the engine");
+    assert_eq!(
+        engine.run_state(b_id),
+        None,
+        "destroyed channels are forgotten by the engine"
+    );
 }
 
 #[test]
@@ -183,7 +231,10 @@ fn no_wakeup_is_lost_across_many_sleep_wake_transitions() {
     let mut a = ga.open(1);
     let mut b = gb.open(2);
     // Clients sleep as soon as nothing is there: every round is a sleep/wake transition.
-    let eager = svnic_guest::WaitPolicy { spins: 0, yields: 0 };
+    let eager = svnic_guest::WaitPolicy {
+        spins: 0,
+        yields: 0,
+    };
     a.set_wait_policy(eager);
     b.set_wait_policy(eager);
     let a_addr = ga.addr(1);
@@ -195,7 +246,9 @@ fn no_wakeup_is_lost_across_many_sleep_wake_transitions() {
         let mut buf = Vec::new();
         for i in 0..rounds {
             buf.clear();
-            let n = b.wait_poll(&mut buf, 1, Duration::from_secs(60), &*gb_waker).unwrap();
+            let n = b
+                .wait_poll(&mut buf, 1, Duration::from_secs(60), &*gb_waker)
+                .unwrap();
             assert_eq!(n, 1, "echo side: round {i} timed out");
             assert_eq!(buf[0].cookie(), i);
             assert!(b.send_user(a_addr, i, b"pong", false).unwrap());
@@ -214,7 +267,9 @@ fn no_wakeup_is_lost_across_many_sleep_wake_transitions() {
         assert!(a.send_user(b_addr, i, b"ping", false).unwrap());
         a.flush().unwrap();
         buf.clear();
-        let n = a.wait_poll(&mut buf, 1, Duration::from_secs(60), &*ga.waker).unwrap();
+        let n = a
+            .wait_poll(&mut buf, 1, Duration::from_secs(60), &*ga.waker)
+            .unwrap();
         assert_eq!(n, 1, "round {i} timed out");
         assert_eq!(buf[0].cookie(), i);
         worst = worst.max(t0.elapsed());
@@ -223,7 +278,15 @@ fn no_wakeup_is_lost_across_many_sleep_wake_transitions() {
     let w = &engine.worker_stats()[0];
     // The test did exercise sleeping on both sides many times.
     assert!(w.sleeps > 100, "worker slept only {} times", w.sleeps);
-    assert!(a.stats().sleeps + b_stats.sleeps > 100, "clients slept {} + {} times", a.stats().sleeps, b_stats.sleeps);
+    assert!(
+        a.stats().sleeps + b_stats.sleeps > 100,
+        "clients slept {} + {} times",
+        a.stats().sleeps,
+        b_stats.sleeps
+    );
     assert!(a.stats().doorbells + b_stats.doorbells > 100);
-    assert!(worst < Duration::from_secs(5), "worst round trip {worst:?}: a wakeup was lost");
+    assert!(
+        worst < Duration::from_secs(5),
+        "worst round trip {worst:?}: a wakeup was lost"
+    );
 }

@@ -9,11 +9,16 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use svnic_channels::layout::header;
-use svnic_channels::{ChannelLayout, ChannelMem, Consumer, Message, Producer, RingKind, SharedRegion, UserData};
+use svnic_channels::{
+    ChannelLayout, ChannelMem, Consumer, Message, Producer, RingKind, SharedRegion, UserData,
+};
 
 fn shared_region(len: usize) -> SharedRegion {
-    let buf: Arc<Vec<std::sync::atomic::AtomicU64>> =
-        Arc::new((0..len / 8).map(|_| std::sync::atomic::AtomicU64::new(0)).collect());
+    let buf: Arc<Vec<std::sync::atomic::AtomicU64>> = Arc::new(
+        (0..len / 8)
+            .map(|_| std::sync::atomic::AtomicU64::new(0))
+            .collect(),
+    );
     let ptr = buf.as_ptr() as *mut u8;
     // SAFETY: the Vec of atomics (interior mutability, so writes through this pointer are allowed)
     // lives as long as the region's keep-alive (the Arc) and is accessed only via VolatileSlice.
@@ -42,10 +47,18 @@ impl Bell {
 
 #[test]
 fn two_threads_millions_of_messages_in_order_with_sleep_and_wake() {
-    let total: u64 = if cfg!(debug_assertions) { 2_000_000 } else { 20_000_000 };
+    let total: u64 = if cfg!(debug_assertions) {
+        2_000_000
+    } else {
+        20_000_000
+    };
     let layout = ChannelLayout::new(256, 2 << 20).unwrap();
     let region = shared_region(2 << 20);
-    region.channel(layout).unwrap().init_header(1, 0, None).unwrap();
+    region
+        .channel(layout)
+        .unwrap()
+        .init_header(1, 0, None)
+        .unwrap();
     let bell = Arc::new(Bell::default());
     let done = Arc::new(AtomicBool::new(false));
 
@@ -69,7 +82,10 @@ fn two_threads_millions_of_messages_in_order_with_sleep_and_wake() {
                     mem.set_sleeping(header::ENGINE_SLEEPING, true);
                     if c.available(&mem).unwrap() == 0 {
                         sleeps += 1;
-                        assert!(bell.wait(Duration::from_secs(20)), "wakeup lost at message {next}");
+                        assert!(
+                            bell.wait(Duration::from_secs(20)),
+                            "wakeup lost at message {next}"
+                        );
                     }
                     mem.set_sleeping(header::ENGINE_SLEEPING, false);
                     idle = 0;
@@ -79,7 +95,9 @@ fn two_threads_millions_of_messages_in_order_with_sleep_and_wake() {
                 for _ in 0..n {
                     let raw = c.pop(&mem).unwrap().unwrap();
                     assert_eq!(raw.cookie(), next, "lost, duplicated or reordered");
-                    let Ok(Message::UserData(u)) = raw.decode() else { panic!("corrupt slot") };
+                    let Ok(Message::UserData(u)) = raw.decode() else {
+                        panic!("corrupt slot")
+                    };
                     assert_eq!(u.data(), &next.to_le_bytes(), "payload torn");
                     next += 1;
                 }
@@ -106,7 +124,9 @@ fn two_threads_millions_of_messages_in_order_with_sleep_and_wake() {
             if sent == total {
                 break;
             }
-            let m = Message::UserData(UserData::new(Default::default(), sent, &sent.to_le_bytes()).unwrap());
+            let m = Message::UserData(
+                UserData::new(Default::default(), sent, &sent.to_le_bytes()).unwrap(),
+            );
             assert!(p.push(&mem, &m.encode()).unwrap());
             sent += 1;
         }
@@ -123,5 +143,8 @@ fn two_threads_millions_of_messages_in_order_with_sleep_and_wake() {
     }
     let sleeps = consumer.join().unwrap();
     assert!(done.load(Ordering::Acquire));
-    assert!(sleeps > 0 && rings > 0, "the sleep/wake path was exercised ({sleeps} sleeps, {rings} rings)");
+    assert!(
+        sleeps > 0 && rings > 0,
+        "the sleep/wake path was exercised ({sleeps} sleeps, {rings} rings)"
+    );
 }

@@ -72,7 +72,10 @@ pub struct WaitPolicy {
 
 impl Default for WaitPolicy {
     fn default() -> Self {
-        WaitPolicy { spins: 200, yields: 200 }
+        WaitPolicy {
+            spins: 200,
+            yields: 200,
+        }
     }
 }
 

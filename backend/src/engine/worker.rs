@@ -304,8 +304,7 @@ impl Worker {
                     break;
                 }
             };
-            let (outcome, peer) =
-                route_and_deliver(
+            let (outcome, peer) = route_and_deliver(
                 &src,
                 &mem,
                 &raw,
