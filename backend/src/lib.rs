@@ -9,6 +9,7 @@ pub mod admin;
 pub mod config;
 pub mod control_path;
 pub mod engine;
+pub mod net;
 
 pub use engine::{
     ChannelInfo, ChannelStats, Engine, EngineConfig, EngineError, GuestWaker, Placement, RunState,

@@ -1,0 +1,395 @@
+//! The per-port vhost-user socket: accept a frontend, serve it with a fresh daemon and device
+//! until it goes away, clean up, accept the next one.
+//!
+//! A `VhostUserDaemon` cannot serve a second connection (its owner state survives a
+//! disconnect), so the listening socket is kept here and every connection gets a new daemon and
+//! a new [`NetDevice`]; the [`SwitchPort`] stays. Whatever a frontend does
+//! (garbage bytes, a truncated message, an unusable memory table) ends at most its own
+//! connection, with a `warn` log line naming the port and the error.
+
+use std::io;
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::io::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use log::{info, warn};
+use thiserror::Error;
+use vhost::vhost_user::{Error as VhostUserError, Listener};
+use vhost_user_backend::{Error as DaemonError, ShutdownHandle, VhostUserDaemon};
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::device::{NetDevice, WAKE_EVENT};
+use super::port::{PortId, SwitchPort};
+use super::switch::Switch;
+
+/// Why a listener could not start or stopped with an error.
+#[derive(Debug, Error)]
+pub enum ListenerError {
+    /// The socket could not be bound.
+    #[error("cannot bind vhost-user socket {path}: {source}")]
+    Bind {
+        /// The socket path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// Something that is not a socket is in the way.
+    #[error("{path} exists and is not a socket; remove it or choose another path")]
+    NotASocket {
+        /// The path.
+        path: PathBuf,
+    },
+    /// Another process serves the socket.
+    #[error("{path} is already served by another process")]
+    InUse {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The port is not on the switch.
+    #[error("{0} has no switch port")]
+    UnknownPort(PortId),
+    /// The listener thread could not be started.
+    #[error("cannot start the listener thread for {port}: {source}")]
+    Spawn {
+        /// The port.
+        port: PortId,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// Waiting for a connection failed.
+    #[error("{port}: waiting for a frontend failed: {source}")]
+    Poll {
+        /// The port.
+        port: PortId,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+struct StopInner {
+    stopped: AtomicBool,
+    fd: EventFd,
+    next_ticket: AtomicU64,
+    connections: Mutex<Vec<(u64, ShutdownHandle)>>,
+}
+
+/// Stops listeners: every listener sharing it stops accepting, its current connection is shut
+/// down, and it removes the socket file it bound. Cheap to clone.
+#[derive(Clone)]
+pub struct StopSignal {
+    inner: Arc<StopInner>,
+}
+
+impl std::fmt::Debug for StopSignal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StopSignal")
+            .field("stopped", &self.is_stopped())
+            .finish()
+    }
+}
+
+impl StopSignal {
+    /// A signal not yet raised.
+    pub fn new() -> io::Result<Self> {
+        Ok(StopSignal {
+            inner: Arc::new(StopInner {
+                stopped: AtomicBool::new(false),
+                fd: EventFd::new(EFD_NONBLOCK)?,
+                next_ticket: AtomicU64::new(0),
+                connections: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    /// Raises the signal. Listeners notice it at once, also in the middle of a connection.
+    pub fn stop(&self) {
+        let conns = self.lock_connections();
+        self.inner.stopped.store(true, Ordering::SeqCst);
+        // Never read: it stays readable for every listener polling it.
+        let _ = self.inner.fd.write(1);
+        for (_, conn) in conns.iter() {
+            conn.shutdown();
+        }
+    }
+
+    /// True once [`Self::stop`] was called.
+    pub fn is_stopped(&self) -> bool {
+        self.inner.stopped.load(Ordering::SeqCst)
+    }
+
+    fn lock_connections(&self) -> std::sync::MutexGuard<'_, Vec<(u64, ShutdownHandle)>> {
+        self.inner
+            .connections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers a live connection so that [`Self::stop`] can end it (at once, if it already
+    /// stopped).
+    fn track(&self, conn: ShutdownHandle) -> u64 {
+        let mut conns = self.lock_connections();
+        if self.is_stopped() {
+            conn.shutdown();
+        }
+        let ticket = self.inner.next_ticket.fetch_add(1, Ordering::Relaxed);
+        conns.push((ticket, conn));
+        ticket
+    }
+
+    fn untrack(&self, ticket: u64) {
+        self.lock_connections().retain(|(t, _)| *t != ticket);
+    }
+}
+
+/// A vhost-user listening socket for one port.
+pub struct PortListener {
+    listener: Listener,
+    /// Set when we bound the path: the file is removed when the listener ends.
+    path: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for PortListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PortListener")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl PortListener {
+    /// Binds `path`. A stale socket file (nobody accepting on it) is replaced; a live one, or a
+    /// file that is not a socket, is an error.
+    pub fn bind(path: impl AsRef<Path>) -> Result<Self, ListenerError> {
+        let path = path.as_ref();
+        match std::fs::symlink_metadata(path) {
+            Ok(meta) if meta.file_type().is_socket() => {
+                if UnixStream::connect(path).is_ok() {
+                    return Err(ListenerError::InUse { path: path.into() });
+                }
+                std::fs::remove_file(path).map_err(|source| ListenerError::Bind {
+                    path: path.into(),
+                    source,
+                })?;
+            }
+            Ok(_) => return Err(ListenerError::NotASocket { path: path.into() }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(ListenerError::Bind {
+                    path: path.into(),
+                    source,
+                })
+            }
+        }
+        let listener = UnixListener::bind(path).map_err(|source| ListenerError::Bind {
+            path: path.into(),
+            source,
+        })?;
+        Ok(PortListener {
+            listener: Listener::from(listener),
+            path: Some(path.into()),
+        })
+    }
+
+    /// Serves an already bound socket (for instance one inherited from a supervisor). Its file,
+    /// if any, is left alone.
+    pub fn from_unix_listener(listener: UnixListener) -> Self {
+        PortListener {
+            listener: Listener::from(listener),
+            path: None,
+        }
+    }
+
+    /// The socket path, if this listener bound it.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// Serves `port` until `stop` is raised: one frontend connection at a time, each with a
+    /// fresh daemon and device.
+    pub fn serve(
+        mut self,
+        switch: &Arc<Switch>,
+        port: PortId,
+        stop: &StopSignal,
+    ) -> Result<(), ListenerError> {
+        let id = port;
+        switch.port(id).ok_or(ListenerError::UnknownPort(id))?;
+        info!("{id}: vhost-user socket {:?} ready", self.path);
+        while wait_for_frontend(&self.listener, stop)
+            .map_err(|source| ListenerError::Poll { port: id, source })?
+        {
+            // Looked up per connection: a port removed from the switch is no longer served.
+            let Some(port) = switch.port(id) else {
+                refuse(&self.listener, id, "the port was removed from the switch");
+                break;
+            };
+            self.serve_connection(switch, &port, stop);
+        }
+        info!("{id}: listener stopped");
+        Ok(())
+    }
+
+    /// [`Self::serve`] on a thread of its own; errors are logged.
+    pub fn spawn(
+        self,
+        switch: Arc<Switch>,
+        port: PortId,
+        stop: StopSignal,
+    ) -> Result<JoinHandle<()>, ListenerError> {
+        std::thread::Builder::new()
+            .name(format!("svnic-listen-{}", port.0))
+            .spawn(move || {
+                if let Err(e) = self.serve(&switch, port, &stop) {
+                    warn!("{e}");
+                }
+            })
+            .map_err(|source| ListenerError::Spawn { port, source })
+    }
+
+    /// Accepts one frontend and serves it until it goes away.
+    fn serve_connection(
+        &mut self,
+        switch: &Arc<Switch>,
+        port: &Arc<SwitchPort>,
+        stop: &StopSignal,
+    ) {
+        let id = port.id();
+        let device = match NetDevice::new(Arc::clone(switch), Arc::clone(port)) {
+            Ok(d) => d,
+            Err(e) => {
+                return refuse(
+                    &self.listener,
+                    id,
+                    &format!("cannot create the device: {e}"),
+                )
+            }
+        };
+        let memory = GuestMemoryAtomic::new(GuestMemoryMmap::new());
+        let mut daemon =
+            match VhostUserDaemon::new(format!("svnic-port-{}", id.0), device.clone(), memory) {
+                Ok(d) => d,
+                Err(e) => {
+                    device.close_leaked_exit_fds();
+                    return refuse(
+                        &self.listener,
+                        id,
+                        &format!("cannot create the daemon: {e}"),
+                    );
+                }
+            };
+        for handler in daemon.get_epoll_handlers() {
+            if let Err(e) =
+                handler.register_listener(device.wake_fd(), EventSet::IN, u64::from(WAKE_EVENT))
+            {
+                drop(daemon);
+                device.close_leaked_exit_fds();
+                return refuse(
+                    &self.listener,
+                    id,
+                    &format!("cannot watch the wake event: {e}"),
+                );
+            }
+        }
+        if let Err(e) = daemon.start(&mut self.listener) {
+            warn!("{id}: cannot accept a frontend: {e}");
+        } else {
+            info!("{id}: frontend connected");
+            let ticket = daemon.shutdown_handle().map(|conn| {
+                device.attach_connection(conn.clone());
+                stop.track(conn)
+            });
+            let result = daemon.wait();
+            if let Some(ticket) = ticket {
+                stop.untrack(ticket);
+            }
+            match result {
+                Ok(()) | Err(DaemonError::HandleRequest(VhostUserError::Disconnected)) => {
+                    info!("{id}: frontend disconnected")
+                }
+                Err(e) => warn!("{id}: frontend connection ended: {e}"),
+            }
+        }
+        // Dropping the daemon stops and joins its vring worker; only then does the device tell
+        // the daemon that memory and link are gone, and release the memory.
+        drop(daemon);
+        device.disconnected();
+        device.close_leaked_exit_fds();
+    }
+}
+
+impl Drop for PortListener {
+    fn drop(&mut self) {
+        if let Some(path) = &self.path {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Accepts and closes a pending connection we cannot serve, so that the listener does not spin
+/// on it.
+fn refuse(listener: &Listener, port: PortId, why: &str) {
+    warn!("{port}: refusing a frontend: {why}");
+    let _ = listener.accept();
+}
+
+/// Blocks until a frontend is waiting (true) or `stop` is raised (false).
+fn wait_for_frontend(listener: &Listener, stop: &StopSignal) -> io::Result<bool> {
+    loop {
+        if stop.is_stopped() {
+            return Ok(false);
+        }
+        let mut fds = [
+            libc::pollfd {
+                fd: listener.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: stop.inner.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: `fds` is a valid array of two pollfd structures that outlives the call, and
+        // its length is passed with it.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if stop.is_stopped() {
+            return Ok(false);
+        }
+        if fds[0].revents != 0 {
+            // Readable: a connection is queued, and only this thread accepts on this socket,
+            // so the accept that follows does not block.
+            return Ok(true);
+        }
+    }
+}
+
+/// Binds `socket` and serves `port` on a new thread until `stop` is raised; the socket file is
+/// removed when the listener ends.
+pub fn serve_port(
+    switch: Arc<Switch>,
+    port: PortId,
+    socket: impl AsRef<Path>,
+    stop: &StopSignal,
+) -> Result<JoinHandle<()>, ListenerError> {
+    if switch.port(port).is_none() {
+        return Err(ListenerError::UnknownPort(port));
+    }
+    PortListener::bind(socket)?.spawn(switch, port, stop.clone())
+}

@@ -1,0 +1,317 @@
+//! A switch port: the seam between a guest's virtio-net device and the rest of the daemon.
+//!
+//! [`PortEvents`] is what the device reports to the daemon; [`SwitchPort`] is the per-guest state
+//! the switch keeps (owned MACs, link state, the bounded queue of frames waiting for the guest's
+//! RX buffers, the wake eventfd of the device's worker, counters).
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::unix::io::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use svnic_channels::MacAddr;
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::frame_pool::PooledFrame;
+
+/// A port is named by the guest it belongs to.
+pub type PortId = svnic_control::GuestId;
+
+/// What the device reports to the rest of the daemon. Implemented by the daemon.
+///
+/// Per port, `memory_changed` and `connection` are called one at a time, in this order:
+/// `memory_changed(Some)`, `connection(true)`, any number of `memory_changed(Some)` (the table
+/// changed), then `memory_changed(None)`, `connection(false)`; and again for the next start of
+/// the device or the next connection. `None` only follows a `Some`.
+///
+/// `svnic_frame` comes from the port's vring worker, only while the link is up. It may overlap a
+/// `memory_changed(Some)` (a table change, on the vhost-user request thread), but not a
+/// `memory_changed(None)`: on reset, stop and disconnect the rings are stopped first. (The one
+/// exception is a frontend that sends an unusable memory table while its rings run: the link
+/// goes down at once and the connection is closed.)
+///
+/// The implementation may call [`super::Switch::inject`] from any of these; it must not wait for
+/// the port's own threads.
+pub trait PortEvents: Send + Sync {
+    /// The guest's memory table was set or changed (Some) or is gone (None: reset, vring stop,
+    /// disconnect).
+    ///
+    /// Called BEFORE the device drops or replaces its own reference to the old memory, and
+    /// synchronously: when it returns, the engine no longer uses the old mapping.
+    fn memory_changed(&self, port: PortId, mem: Option<Arc<GuestMemoryMmap>>);
+
+    /// An svnic-EtherType frame (`svnic_channels::frame::claims_svnic`) arrived on the guest's TX
+    /// queue. It is never switched. Called on the port's vring worker thread: keep it short.
+    fn svnic_frame(&self, port: PortId, frame: &[u8]);
+
+    /// Link state: the frontend connected and started the device (true), or went away, reset or
+    /// stopped it (false).
+    fn connection(&self, port: PortId, connected: bool);
+}
+
+/// Counters of one port, by frame direction as the guest sees it: `tx` is what the guest sent,
+/// `rx` what it received.
+#[derive(Debug, Default)]
+pub(crate) struct PortCounters {
+    pub tx_frames: AtomicU64,
+    pub tx_bytes: AtomicU64,
+    pub rx_frames: AtomicU64,
+    pub rx_bytes: AtomicU64,
+    pub to_engine: AtomicU64,
+    pub to_uplink: AtomicU64,
+    pub spoofed: AtomicU64,
+    pub unknown_unicast: AtomicU64,
+    pub malformed: AtomicU64,
+    pub looped: AtomicU64,
+    pub tx_bad_descriptors: AtomicU64,
+    pub rx_queue_full: AtomicU64,
+    pub rx_port_down: AtomicU64,
+    pub rx_too_big: AtomicU64,
+    pub rx_bad_descriptors: AtomicU64,
+}
+
+impl PortCounters {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn inc(counter: &AtomicU64) {
+        Self::add(counter, 1);
+    }
+}
+
+fn read(c: &AtomicU64) -> u64 {
+    c.load(Ordering::Relaxed)
+}
+
+/// Frames (or descriptor chains) a port dropped, by reason.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortDrops {
+    /// From the guest: source MAC not owned by the port.
+    pub spoofed: u64,
+    /// From the guest: unicast to a MAC no port owns, and no uplink.
+    pub unknown_unicast: u64,
+    /// From the guest: shorter than an Ethernet header or longer than the largest frame.
+    pub malformed: u64,
+    /// From the guest: unicast to one of its own MACs.
+    pub looped: u64,
+    /// TX descriptor chains that were unusable (shorter than the virtio-net header, write-only
+    /// or outside guest memory); returned to the guest with length 0.
+    pub tx_bad_descriptors: u64,
+    /// To the guest: its RX queue was full.
+    pub rx_queue_full: u64,
+    /// To the guest: its link was down (not connected, or device stopped).
+    pub rx_port_down: u64,
+    /// To the guest: larger than its receive buffers (no MRG_RXBUF).
+    pub rx_too_big: u64,
+    /// RX descriptor chains that were unusable (read-only, outside guest memory, empty);
+    /// returned to the guest with length 0.
+    pub rx_bad_descriptors: u64,
+}
+
+impl PortDrops {
+    /// Sum of every reason.
+    pub fn total(&self) -> u64 {
+        self.spoofed
+            + self.unknown_unicast
+            + self.malformed
+            + self.looped
+            + self.tx_bad_descriptors
+            + self.rx_queue_full
+            + self.rx_port_down
+            + self.rx_too_big
+            + self.rx_bad_descriptors
+    }
+}
+
+/// A snapshot of one port's state and counters, for an operator view.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortStats {
+    /// The port.
+    pub port: PortId,
+    /// MACs it owns.
+    pub macs: Vec<MacAddr>,
+    /// Link up: a frontend is connected and the device started.
+    pub link_up: bool,
+    /// Frames waiting for the guest's RX buffers.
+    pub rx_queued: usize,
+    /// Frames the guest sent (every frame read from its TX queue).
+    pub tx_frames: u64,
+    /// Bytes of those frames (without the virtio-net header).
+    pub tx_bytes: u64,
+    /// Frames written into the guest's RX buffers.
+    pub rx_frames: u64,
+    /// Bytes of those frames (without the virtio-net header).
+    pub rx_bytes: u64,
+    /// svnic frames handed to the engine.
+    pub to_engine: u64,
+    /// Frames handed to the uplink.
+    pub to_uplink: u64,
+    /// Drops by reason.
+    pub drops: PortDrops,
+}
+
+struct RxQueue {
+    up: bool,
+    frames: VecDeque<Arc<PooledFrame>>,
+}
+
+/// One guest's port on the switch. Created by [`super::Switch::add_port`]; lives as long as the
+/// guest is configured, across frontend connections.
+pub struct SwitchPort {
+    id: PortId,
+    macs: Vec<MacAddr>,
+    rx_capacity: usize,
+    rx: Mutex<RxQueue>,
+    wake: EventFd,
+    pub(crate) counters: PortCounters,
+}
+
+impl std::fmt::Debug for SwitchPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SwitchPort")
+            .field("id", &self.id)
+            .field("macs", &self.macs)
+            .field("up", &self.is_up())
+            .finish()
+    }
+}
+
+impl SwitchPort {
+    pub(crate) fn new(id: PortId, macs: Vec<MacAddr>, rx_capacity: usize) -> io::Result<Self> {
+        Ok(SwitchPort {
+            id,
+            macs,
+            rx_capacity,
+            rx: Mutex::new(RxQueue {
+                up: false,
+                frames: VecDeque::new(),
+            }),
+            wake: EventFd::new(EFD_NONBLOCK)?,
+            counters: PortCounters::default(),
+        })
+    }
+
+    /// The port's id.
+    pub fn id(&self) -> PortId {
+        self.id
+    }
+
+    /// MACs the port owns; the first is the one the device reports in its config space.
+    pub fn macs(&self) -> &[MacAddr] {
+        &self.macs
+    }
+
+    /// The MAC the device reports in its config space.
+    pub fn primary_mac(&self) -> MacAddr {
+        self.macs.first().copied().unwrap_or_default()
+    }
+
+    /// True if the port owns `mac`.
+    pub fn owns(&self, mac: MacAddr) -> bool {
+        self.macs.contains(&mac)
+    }
+
+    /// True while a frontend is connected and the device started.
+    pub fn is_up(&self) -> bool {
+        self.lock_rx().up
+    }
+
+    /// The eventfd the switch writes when it queues a frame for this port (edge: only when the
+    /// queue goes from empty to non-empty). The device registers it with its vring worker.
+    pub fn wake_fd(&self) -> RawFd {
+        self.wake.as_raw_fd()
+    }
+
+    /// A snapshot of the port's counters.
+    pub fn stats(&self) -> PortStats {
+        let c = &self.counters;
+        let (link_up, rx_queued) = {
+            let rx = self.lock_rx();
+            (rx.up, rx.frames.len())
+        };
+        PortStats {
+            port: self.id,
+            macs: self.macs.clone(),
+            link_up,
+            rx_queued,
+            tx_frames: read(&c.tx_frames),
+            tx_bytes: read(&c.tx_bytes),
+            rx_frames: read(&c.rx_frames),
+            rx_bytes: read(&c.rx_bytes),
+            to_engine: read(&c.to_engine),
+            to_uplink: read(&c.to_uplink),
+            drops: PortDrops {
+                spoofed: read(&c.spoofed),
+                unknown_unicast: read(&c.unknown_unicast),
+                malformed: read(&c.malformed),
+                looped: read(&c.looped),
+                tx_bad_descriptors: read(&c.tx_bad_descriptors),
+                rx_queue_full: read(&c.rx_queue_full),
+                rx_port_down: read(&c.rx_port_down),
+                rx_too_big: read(&c.rx_too_big),
+                rx_bad_descriptors: read(&c.rx_bad_descriptors),
+            },
+        }
+    }
+
+    fn lock_rx(&self) -> MutexGuard<'_, RxQueue> {
+        self.rx.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues a frame for the guest's RX. False (and counted) if the link is down or the queue
+    /// is full. Wakes the device's worker when the queue was empty.
+    pub(crate) fn enqueue(&self, frame: Arc<PooledFrame>) -> bool {
+        let mut rx = self.lock_rx();
+        if !rx.up {
+            PortCounters::inc(&self.counters.rx_port_down);
+            return false;
+        }
+        if rx.frames.len() >= self.rx_capacity {
+            PortCounters::inc(&self.counters.rx_queue_full);
+            return false;
+        }
+        let was_empty = rx.frames.is_empty();
+        rx.frames.push_back(frame);
+        drop(rx);
+        if was_empty {
+            // A failed write means the counter is at its maximum: the worker is awake anyway.
+            let _ = self.wake.write(1);
+        }
+        true
+    }
+
+    /// Link up or down. Going down discards the queued frames (counted as `rx_port_down`).
+    pub(crate) fn set_up(&self, up: bool) {
+        let mut rx = self.lock_rx();
+        rx.up = up;
+        if !up {
+            let n = rx.frames.len() as u64;
+            rx.frames.clear();
+            PortCounters::add(&self.counters.rx_port_down, n);
+        }
+    }
+
+    /// The oldest queued frame, left in the queue. Only the port's worker consumes the queue, so
+    /// a peeked frame is still at the front when it calls [`Self::pop_rx`].
+    pub(crate) fn peek_rx(&self) -> Option<Arc<PooledFrame>> {
+        self.lock_rx().frames.front().cloned()
+    }
+
+    /// Removes the oldest queued frame.
+    pub(crate) fn pop_rx(&self) -> Option<Arc<PooledFrame>> {
+        self.lock_rx().frames.pop_front()
+    }
+
+    /// Resets the wake eventfd (before the worker looks at the queue, so that no wake is lost).
+    pub(crate) fn consume_wake(&self) {
+        let _ = self.wake.read();
+    }
+
+    /// Wakes the port's worker (used by the device to continue a TX batch it cut short).
+    pub(crate) fn wake(&self) {
+        let _ = self.wake.write(1);
+    }
+}

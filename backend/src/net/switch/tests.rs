@@ -1,0 +1,259 @@
+//! Switch rules with fake ports: no devices, the tests play both guests.
+
+use std::sync::Mutex;
+
+use svnic_channels::frame::ETHERTYPE;
+use svnic_control::GuestId;
+use vm_memory::GuestMemoryMmap;
+
+use super::*;
+
+#[derive(Default)]
+struct Recorder {
+    svnic: Mutex<Vec<(PortId, Vec<u8>)>>,
+}
+
+impl PortEvents for Recorder {
+    fn memory_changed(&self, _port: PortId, _mem: Option<Arc<GuestMemoryMmap>>) {}
+    fn svnic_frame(&self, port: PortId, frame: &[u8]) {
+        self.svnic.lock().unwrap().push((port, frame.to_vec()));
+    }
+    fn connection(&self, _port: PortId, _connected: bool) {}
+}
+
+#[derive(Default)]
+struct RecordingUplink {
+    sent: Mutex<Vec<(PortId, Vec<u8>)>>,
+}
+
+impl Uplink for RecordingUplink {
+    fn transmit(&self, from: PortId, frame: &[u8]) -> bool {
+        self.sent.lock().unwrap().push((from, frame.to_vec()));
+        true
+    }
+}
+
+fn mac(last: u8) -> MacAddr {
+    MacAddr([0x52, 0x54, 0, 0, 0, last])
+}
+
+fn eth(dst: MacAddr, src: MacAddr, ethertype: u16, payload: &[u8]) -> Vec<u8> {
+    let mut f = Vec::new();
+    f.extend_from_slice(&dst.0);
+    f.extend_from_slice(&src.0);
+    f.extend_from_slice(&ethertype.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+struct Fixture {
+    events: Arc<Recorder>,
+    switch: Arc<Switch>,
+    ports: Vec<Arc<SwitchPort>>,
+}
+
+/// `n` ports, ids 1..=n, MACs 52:54:00:00:00:<id>, all up.
+fn fixture(n: u8, config: SwitchConfig) -> Fixture {
+    let events = Arc::new(Recorder::default());
+    let switch = Switch::new(events.clone(), config);
+    let ports = (1..=n)
+        .map(|i| {
+            let p = switch.add_port(GuestId(i.into()), &[mac(i)]).unwrap();
+            p.set_up(true);
+            p
+        })
+        .collect();
+    Fixture {
+        events,
+        switch,
+        ports,
+    }
+}
+
+impl Fixture {
+    fn send(&self, from: usize, bytes: &[u8]) {
+        let mut f = self.switch.alloc_frame();
+        f.buf_mut().extend_from_slice(bytes);
+        self.switch.forward(&self.ports[from], f);
+    }
+
+    fn received(&self, port: usize) -> Vec<Vec<u8>> {
+        std::iter::from_fn(|| self.ports[port].pop_rx())
+            .map(|f| f.to_vec())
+            .collect()
+    }
+}
+
+#[test]
+fn unicast_reaches_only_the_owner_intact() {
+    let fx = fixture(3, SwitchConfig::default());
+    let frame = eth(mac(2), mac(1), 0x0800, b"hello port two");
+    fx.send(0, &frame);
+    assert_eq!(fx.received(1), vec![frame.clone()]);
+    assert!(fx.received(2).is_empty());
+    assert!(fx.received(0).is_empty());
+    let s = fx.ports[0].stats();
+    assert_eq!((s.tx_frames, s.tx_bytes), (1, frame.len() as u64));
+    assert_eq!(s.drops.total(), 0);
+}
+
+#[test]
+fn broadcast_and_multicast_reach_every_other_up_port() {
+    let fx = fixture(4, SwitchConfig::default());
+    fx.ports[3].set_up(false);
+    let bcast = eth(MacAddr::BROADCAST, mac(1), 0x0806, b"who has");
+    let mcast = eth(MacAddr([0x33, 0x33, 0, 0, 0, 1]), mac(1), 0x86dd, b"v6");
+    fx.send(0, &bcast);
+    fx.send(0, &mcast);
+    for p in 1..3 {
+        assert_eq!(fx.received(p), vec![bcast.clone(), mcast.clone()]);
+    }
+    assert!(fx.received(0).is_empty());
+    assert!(fx.received(3).is_empty());
+    assert_eq!(
+        fx.ports[3].stats().drops.total(),
+        0,
+        "a down port misses nothing it must know"
+    );
+}
+
+#[test]
+fn spoofed_source_is_dropped_and_counted() {
+    let fx = fixture(2, SwitchConfig::default());
+    fx.send(0, &eth(mac(2), mac(9), 0x0800, b"not mine"));
+    fx.send(0, &eth(MacAddr::BROADCAST, mac(2), 0x0800, b"steals 2"));
+    assert!(fx.received(1).is_empty());
+    assert_eq!(fx.ports[0].stats().drops.spoofed, 2);
+}
+
+#[test]
+fn svnic_frames_go_to_the_engine_never_to_ports_even_behind_vlan_tags() {
+    let fx = fixture(2, SwitchConfig::default());
+    let direct = eth(mac(2), mac(9), ETHERTYPE, &[1, 1, 0, 0]);
+    let mut tagged = eth(MacAddr::BROADCAST, mac(1), 0x8100, &[0, 5]);
+    tagged.extend_from_slice(&ETHERTYPE.to_be_bytes());
+    tagged.extend_from_slice(&[1, 4, 0, 0]);
+    fx.send(0, &direct);
+    fx.send(1, &tagged);
+    assert!(fx.received(0).is_empty());
+    assert!(fx.received(1).is_empty());
+    let got = fx.events.svnic.lock().unwrap().clone();
+    assert_eq!(
+        got,
+        vec![(GuestId(1), direct), (GuestId(2), tagged)],
+        "the source is the port, whatever the frame says"
+    );
+    assert_eq!(fx.ports[0].stats().to_engine, 1);
+    assert_eq!(fx.ports[0].stats().drops.spoofed, 0);
+}
+
+#[test]
+fn unknown_unicast_looped_and_malformed_are_counted() {
+    let fx = fixture(2, SwitchConfig::default());
+    fx.send(0, &eth(mac(7), mac(1), 0x0800, b"nobody"));
+    fx.send(0, &eth(mac(1), mac(1), 0x0800, b"myself"));
+    fx.send(0, &[0xff; 13]);
+    let d = fx.ports[0].stats().drops;
+    assert_eq!((d.unknown_unicast, d.looped, d.malformed), (1, 1, 1));
+    assert!(fx.received(1).is_empty());
+}
+
+#[test]
+fn uplink_takes_unknown_unicast_and_broadcast() {
+    let fx = fixture(2, SwitchConfig::default());
+    let uplink = Arc::new(RecordingUplink::default());
+    fx.switch.set_uplink(Some(uplink.clone()));
+    let unknown = eth(mac(7), mac(1), 0x0800, b"far away");
+    let bcast = eth(MacAddr::BROADCAST, mac(1), 0x0806, b"arp");
+    fx.send(0, &unknown);
+    fx.send(0, &bcast);
+    assert_eq!(
+        uplink.sent.lock().unwrap().clone(),
+        vec![(GuestId(1), unknown), (GuestId(1), bcast.clone())]
+    );
+    assert_eq!(fx.received(1), vec![bcast]);
+    let s = fx.ports[0].stats();
+    assert_eq!((s.to_uplink, s.drops.unknown_unicast), (2, 0));
+}
+
+#[test]
+fn rx_queue_is_bounded_and_overflow_counted() {
+    let fx = fixture(
+        2,
+        SwitchConfig {
+            rx_queue_frames: 3,
+            pooled_buffers: 8,
+        },
+    );
+    for i in 0..5u8 {
+        fx.send(0, &eth(mac(2), mac(1), 0x0800, &[i]));
+    }
+    let got = fx.received(1);
+    assert_eq!(got.len(), 3);
+    assert_eq!(got[2][14], 2, "the oldest frames are kept, in order");
+    assert_eq!(fx.ports[1].stats().drops.rx_queue_full, 2);
+}
+
+#[test]
+fn inject_queues_for_an_up_port_and_refuses_otherwise() {
+    let fx = fixture(2, SwitchConfig::default());
+    let resp = eth(mac(1), MacAddr::ENGINE, ETHERTYPE, &[1, 2, 0, 0]);
+    assert!(fx.switch.inject(GuestId(1), &resp));
+    assert_eq!(fx.received(0), vec![resp.clone()]);
+    assert!(!fx.switch.inject(GuestId(9), &resp), "no such port");
+    assert!(!fx.switch.inject(GuestId(1), &resp[..10]), "runt");
+    fx.ports[0].set_up(false);
+    assert!(!fx.switch.inject(GuestId(1), &resp), "link down");
+    assert_eq!(fx.ports[0].stats().drops.rx_port_down, 1);
+}
+
+#[test]
+fn wake_fd_fires_when_the_queue_becomes_non_empty() {
+    let fx = fixture(2, SwitchConfig::default());
+    let frame = eth(mac(2), mac(1), 0x0800, b"x");
+    fx.send(0, &frame);
+    fx.send(0, &frame);
+    let mut buf = [0u8; 8];
+    // SAFETY: reading 8 bytes into an 8-byte stack buffer from an eventfd we own.
+    let n = unsafe { libc::read(fx.ports[1].wake_fd(), buf.as_mut_ptr().cast(), 8) };
+    assert_eq!(n, 8);
+    assert_eq!(
+        u64::from_ne_bytes(buf),
+        1,
+        "one wake per batch, not per frame"
+    );
+}
+
+#[test]
+fn going_down_discards_the_queue() {
+    let fx = fixture(2, SwitchConfig::default());
+    fx.send(0, &eth(mac(2), mac(1), 0x0800, b"x"));
+    fx.ports[1].set_up(false);
+    fx.ports[1].set_up(true);
+    assert!(fx.received(1).is_empty());
+    assert_eq!(fx.ports[1].stats().drops.rx_port_down, 1);
+}
+
+#[test]
+fn add_port_rejects_bad_mac_sets() {
+    let fx = fixture(1, SwitchConfig::default());
+    let s = &fx.switch;
+    assert!(matches!(
+        s.add_port(GuestId(1), &[mac(5)]),
+        Err(SwitchError::DuplicatePort(_))
+    ));
+    assert!(matches!(
+        s.add_port(GuestId(2), &[mac(1)]),
+        Err(SwitchError::MacInUse { .. })
+    ));
+    assert!(matches!(
+        s.add_port(GuestId(2), &[]),
+        Err(SwitchError::NoMac(_))
+    ));
+    assert!(matches!(
+        s.add_port(GuestId(2), &[MacAddr::BROADCAST]),
+        Err(SwitchError::NotUnicast { .. })
+    ));
+    assert!(s.remove_port(GuestId(1)));
+    assert!(s.add_port(GuestId(2), &[mac(1)]).is_ok(), "MAC freed");
+}
