@@ -75,11 +75,10 @@ impl Port {
         let mut used_any = false;
         while let Some(frame) = st.backlog.front() {
             let m = mem.memory();
-            let popped = {
+            let delivered = {
                 let mut guard = rx.get_mut();
                 let q = guard.get_queue_mut();
-                let chain = q.pop_descriptor_chain(m.clone());
-                match chain {
+                match q.pop_descriptor_chain(m.clone()) {
                     Some(c) => {
                         let head = c.head_index();
                         let d = c.clone().next().unwrap();
@@ -89,20 +88,22 @@ impl Port {
                         bytes.extend_from_slice(frame);
                         m.write_slice(&bytes, d.addr()).unwrap();
                         q.add_used(&*m, head, bytes.len() as u32).unwrap();
-                        true
+                        Some(true)
                     }
-                    None => {
-                        // Ask for a kick when buffers come (EVENT_IDX: avail_event).
-                        q.enable_notification(&*m).unwrap()
-                    }
+                    // No buffer: ask for a kick when buffers come (EVENT_IDX: avail_event);
+                    // if some came in the meantime, try again.
+                    None if q.enable_notification(&*m).unwrap() => Some(false),
+                    None => None,
                 }
             };
-            if popped {
-                st.backlog.pop_front();
-                st.delivered += 1;
-                used_any = true;
-            } else {
-                break;
+            match delivered {
+                Some(true) => {
+                    st.backlog.pop_front();
+                    st.delivered += 1;
+                    used_any = true;
+                }
+                Some(false) => continue,
+                None => break,
             }
         }
         if used_any && rx.needs_notification().unwrap() {
