@@ -6,6 +6,11 @@
 //! a new [`NetDevice`]; the [`SwitchPort`] stays. Whatever a frontend does
 //! (garbage bytes, a truncated message, an unusable memory table) ends at most its own
 //! connection, with a `warn` log line naming the port and the error.
+//!
+//! The listener accepts the frontend itself and connects it to the daemon through a relay
+//! ([`super::relay`], which passes QEMU 7.2's early `SET_VRING_ENABLE` on in the order the
+//! vhost crate accepts); the daemon accepts the relay's connection on a private rendezvous
+//! socket.
 
 use std::io;
 use std::os::unix::fs::FileTypeExt;
@@ -23,9 +28,11 @@ use vhost_user_backend::{Error as DaemonError, ShutdownHandle, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::tempdir::TempDir;
 
 use super::device::{NetDevice, WAKE_EVENT};
 use super::port::{PortId, SwitchPort};
+use super::relay::Relay;
 use super::switch::Switch;
 
 /// Why a listener could not start or stopped with an error.
@@ -64,6 +71,9 @@ pub enum ListenerError {
         #[source]
         source: io::Error,
     },
+    /// The private socket the daemon accepts the relay's connection on could not be created.
+    #[error("cannot create the daemon's private rendezvous socket: {0}")]
+    Rendezvous(#[source] io::Error),
     /// Waiting for a connection failed.
     #[error("{port}: waiting for a frontend failed: {source}")]
     Poll {
@@ -152,9 +162,10 @@ impl StopSignal {
 
 /// A vhost-user listening socket for one port.
 pub struct PortListener {
-    listener: Listener,
+    listener: UnixListener,
     /// Set when we bound the path: the file is removed when the listener ends.
     path: Option<PathBuf>,
+    rendezvous: Rendezvous,
 }
 
 impl std::fmt::Debug for PortListener {
@@ -162,6 +173,29 @@ impl std::fmt::Debug for PortListener {
         f.debug_struct("PortListener")
             .field("path", &self.path)
             .finish()
+    }
+}
+
+/// Where each connection's daemon accepts the [`Relay`]'s connection: vhost-user-backend's
+/// daemon serves only connections it accepts itself from a `Listener`. The socket lives in a
+/// private (0700) temporary directory, so only this user can reach it.
+struct Rendezvous {
+    listener: Listener,
+    path: PathBuf,
+    _dir: TempDir,
+}
+
+impl Rendezvous {
+    fn new() -> Result<Self, ListenerError> {
+        let dir = TempDir::new_with_prefix(std::env::temp_dir().join("svnic-relay-"))
+            .map_err(|e| ListenerError::Rendezvous(e.into()))?;
+        let path = dir.as_path().join("daemon.sock");
+        let listener = UnixListener::bind(&path).map_err(ListenerError::Rendezvous)?;
+        Ok(Rendezvous {
+            listener: Listener::from(listener),
+            path,
+            _dir: dir,
+        })
     }
 }
 
@@ -189,23 +223,26 @@ impl PortListener {
                 })
             }
         }
+        let rendezvous = Rendezvous::new()?;
         let listener = UnixListener::bind(path).map_err(|source| ListenerError::Bind {
             path: path.into(),
             source,
         })?;
         Ok(PortListener {
-            listener: Listener::from(listener),
+            listener,
             path: Some(path.into()),
+            rendezvous,
         })
     }
 
     /// Serves an already bound socket (for instance one inherited from a supervisor). Its file,
     /// if any, is left alone.
-    pub fn from_unix_listener(listener: UnixListener) -> Self {
-        PortListener {
-            listener: Listener::from(listener),
+    pub fn from_unix_listener(listener: UnixListener) -> Result<Self, ListenerError> {
+        Ok(PortListener {
+            listener,
             path: None,
-        }
+            rendezvous: Rendezvous::new()?,
+        })
     }
 
     /// The socket path, if this listener bound it.
@@ -227,12 +264,21 @@ impl PortListener {
         while wait_for_frontend(&self.listener, stop)
             .map_err(|source| ListenerError::Poll { port: id, source })?
         {
+            // Readable: a connection is queued, and only this thread accepts on this socket,
+            // so accept does not block.
+            let frontend = match self.listener.accept() {
+                Ok((frontend, _)) => frontend,
+                Err(e) => {
+                    warn!("{id}: cannot accept a frontend: {e}");
+                    continue;
+                }
+            };
             // Looked up per connection: a port removed from the switch is no longer served.
             let Some(port) = switch.port(id) else {
-                refuse(&self.listener, id, "the port was removed from the switch");
+                refuse(id, "the port was removed from the switch");
                 break;
             };
-            self.serve_connection(switch, &port, stop);
+            self.serve_connection(switch, &port, frontend, stop);
         }
         info!("{id}: listener stopped");
         Ok(())
@@ -255,23 +301,18 @@ impl PortListener {
             .map_err(|source| ListenerError::Spawn { port, source })
     }
 
-    /// Accepts one frontend and serves it until it goes away.
+    /// Serves one accepted frontend with a fresh daemon and device until it goes away.
     fn serve_connection(
         &mut self,
         switch: &Arc<Switch>,
         port: &Arc<SwitchPort>,
+        frontend: UnixStream,
         stop: &StopSignal,
     ) {
         let id = port.id();
         let device = match NetDevice::new(Arc::clone(switch), Arc::clone(port)) {
             Ok(d) => d,
-            Err(e) => {
-                return refuse(
-                    &self.listener,
-                    id,
-                    &format!("cannot create the device: {e}"),
-                )
-            }
+            Err(e) => return refuse(id, &format!("cannot create the device: {e}")),
         };
         let memory = GuestMemoryAtomic::new(GuestMemoryMmap::new());
         let mut daemon =
@@ -279,11 +320,7 @@ impl PortListener {
                 Ok(d) => d,
                 Err(e) => {
                     device.close_leaked_exit_fds();
-                    return refuse(
-                        &self.listener,
-                        id,
-                        &format!("cannot create the daemon: {e}"),
-                    );
+                    return refuse(id, &format!("cannot create the daemon: {e}"));
                 }
             };
         for handler in daemon.get_epoll_handlers() {
@@ -292,37 +329,59 @@ impl PortListener {
             {
                 drop(daemon);
                 device.close_leaked_exit_fds();
-                return refuse(
-                    &self.listener,
-                    id,
-                    &format!("cannot watch the wake event: {e}"),
-                );
+                return refuse(id, &format!("cannot watch the wake event: {e}"));
             }
         }
-        if let Err(e) = daemon.start(&mut self.listener) {
-            warn!("{id}: cannot accept a frontend: {e}");
-        } else {
-            info!("{id}: frontend connected");
-            let ticket = daemon.shutdown_handle().map(|conn| {
-                device.attach_connection(conn.clone());
-                stop.track(conn)
-            });
-            let result = daemon.wait();
-            if let Some(ticket) = ticket {
-                stop.untrack(ticket);
-            }
-            match result {
-                Ok(()) | Err(DaemonError::HandleRequest(VhostUserError::Disconnected)) => {
-                    info!("{id}: frontend disconnected")
-                }
-                Err(e) => warn!("{id}: frontend connection ended: {e}"),
-            }
+        // Queue a connection on the rendezvous socket, then let the daemon accept it.
+        match UnixStream::connect(&self.rendezvous.path) {
+            Err(e) => warn!("{id}: cannot reach the daemon's rendezvous socket: {e}"),
+            Ok(daemon_side) => match daemon.start(&mut self.rendezvous.listener) {
+                Err(e) => warn!("{id}: the daemon cannot accept its connection: {e}"),
+                Ok(()) => run_connection(id, &device, &mut daemon, frontend, daemon_side, stop),
+            },
         }
         // Dropping the daemon stops and joins its vring worker; only then does the device tell
         // the daemon that memory and link are gone, and release the memory.
         drop(daemon);
         device.disconnected();
         device.close_leaked_exit_fds();
+    }
+}
+
+/// Relays between the frontend and the started daemon until the connection ends, and says how
+/// it ended.
+fn run_connection(
+    id: PortId,
+    device: &NetDevice,
+    daemon: &mut VhostUserDaemon<NetDevice>,
+    frontend: UnixStream,
+    daemon_side: UnixStream,
+    stop: &StopSignal,
+) {
+    let relay = match Relay::spawn(id, frontend, daemon_side) {
+        Ok(relay) => relay,
+        Err(e) => {
+            // The daemon's peer is gone with the failed relay: it ends at once.
+            warn!("{id}: cannot start the relay: {e}");
+            let _ = daemon.wait();
+            return;
+        }
+    };
+    info!("{id}: frontend connected");
+    let ticket = daemon.shutdown_handle().map(|conn| {
+        device.attach_connection(conn.clone());
+        stop.track(conn)
+    });
+    let served = daemon.wait();
+    if let Some(ticket) = ticket {
+        stop.untrack(ticket);
+    }
+    match (relay.join(), served) {
+        (Err(e), _) => warn!("{id}: frontend connection ended: {e}"),
+        (Ok(()), Ok(()) | Err(DaemonError::HandleRequest(VhostUserError::Disconnected))) => {
+            info!("{id}: frontend disconnected")
+        }
+        (Ok(()), Err(e)) => warn!("{id}: frontend connection ended: {e}"),
     }
 }
 
@@ -334,15 +393,13 @@ impl Drop for PortListener {
     }
 }
 
-/// Accepts and closes a pending connection we cannot serve, so that the listener does not spin
-/// on it.
-fn refuse(listener: &Listener, port: PortId, why: &str) {
+/// Logs why a frontend is not served; dropping its stream closes it.
+fn refuse(port: PortId, why: &str) {
     warn!("{port}: refusing a frontend: {why}");
-    let _ = listener.accept();
 }
 
 /// Blocks until a frontend is waiting (true) or `stop` is raised (false).
-fn wait_for_frontend(listener: &Listener, stop: &StopSignal) -> io::Result<bool> {
+fn wait_for_frontend(listener: &UnixListener, stop: &StopSignal) -> io::Result<bool> {
     loop {
         if stop.is_stopped() {
             return Ok(false);
@@ -373,8 +430,6 @@ fn wait_for_frontend(listener: &Listener, stop: &StopSignal) -> io::Result<bool>
             return Ok(false);
         }
         if fds[0].revents != 0 {
-            // Readable: a connection is queued, and only this thread accepts on this socket,
-            // so the accept that follows does not block.
             return Ok(true);
         }
     }

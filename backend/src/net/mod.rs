@@ -8,6 +8,8 @@
 //!   RX chains (MRG_RXBUF), with every guest value checked.
 //! - [`device`]: [`NetDevice`], the vhost-user backend of one guest for one connection.
 //! - [`listener`]: the per-port socket; [`serve_port`] and [`StopSignal`].
+//! - [`relay`]: passes vhost-user messages between a frontend and its daemon, absorbing the
+//!   `SET_VRING_ENABLE` QEMU 7.2 sends before feature negotiation.
 //! - [`memory_table`]: checks a frontend's memory table before anything touches it.
 //! - [`frame_pool`]: pooled frame buffers, copied into once per frame.
 //!
@@ -20,6 +22,7 @@ pub mod frame_pool;
 pub mod listener;
 pub mod memory_table;
 pub mod port;
+pub mod relay;
 pub mod switch;
 pub mod virtio_net;
 
@@ -28,4 +31,5 @@ pub use frame_pool::{FramePool, PooledFrame};
 pub use listener::{serve_port, ListenerError, PortListener, StopSignal};
 pub use memory_table::MemoryTableError;
 pub use port::{PortDrops, PortEvents, PortId, PortStats, SwitchPort};
+pub use relay::RelayError;
 pub use switch::{Switch, SwitchConfig, SwitchError, Uplink};

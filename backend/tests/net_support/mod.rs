@@ -6,7 +6,9 @@
 
 use std::fs::File;
 use std::io;
+use std::io::Write;
 use std::os::unix::io::{AsRawFd, FromRawFd};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -41,6 +43,8 @@ const TX_SLOTS: u16 = 64;
 const VRING_DESC_F_NEXT: u16 = 1;
 const VRING_DESC_F_WRITE: u16 = 2;
 pub const TIMEOUT: Duration = Duration::from_secs(5);
+const VIRTIO_NET_F_MAC: u32 = 5;
+const VIRTIO_NET_F_STATUS: u32 = 16;
 
 pub fn mac(last: u8) -> MacAddr {
     MacAddr([0x52, 0x54, 0, 0x12, 0x34, last])
@@ -201,6 +205,8 @@ impl DriverQueue {
 /// A host process acting as the vhost-user frontend of one virtio-net device.
 pub struct TestFrontend {
     pub frontend: Frontend,
+    /// The same socket, to write messages the `Frontend` API would refuse to send.
+    pub raw: UnixStream,
     pub mem: GuestMemoryMmap,
     pub queues: [DriverQueue; 2],
     pub acked_features: u64,
@@ -216,9 +222,9 @@ impl TestFrontend {
     /// Connects to `socket` (retrying while the listener is busy with a previous connection).
     pub fn connect(socket: &Path) -> Self {
         let deadline = Instant::now() + TIMEOUT;
-        let frontend = loop {
-            match Frontend::connect(socket, 2) {
-                Ok(f) => break f,
+        let stream = loop {
+            match UnixStream::connect(socket) {
+                Ok(s) => break s,
                 Err(e) if Instant::now() < deadline => {
                     let _ = e;
                     std::thread::sleep(Duration::from_millis(20));
@@ -226,9 +232,12 @@ impl TestFrontend {
                 Err(e) => panic!("cannot connect to {socket:?}: {e}"),
             }
         };
+        let raw = stream.try_clone().unwrap();
+        let frontend = Frontend::from_stream(stream, 2);
         frontend.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
         TestFrontend {
             frontend,
+            raw,
             mem: memfd_memory(MEM_SIZE),
             queues: [
                 DriverQueue::new(RING_BASE[RX], QUEUE_SIZE),
@@ -249,6 +258,49 @@ impl TestFrontend {
         f.negotiate().unwrap();
         f.set_mem_table().unwrap();
         f.start_rings().unwrap();
+        f
+    }
+
+    /// Starts the device in the order QEMU 7.2's vhost-user-net uses (measured): protocol
+    /// features, owner, call/err fds, then `SET_VRING_ENABLE` for both rings *before*
+    /// `SET_FEATURES` (virtio-net's `peer_attach`), then features, memory table and rings, and
+    /// no `SET_VRING_ENABLE` afterwards.
+    pub fn start_like_qemu_7_2(socket: &Path) -> Self {
+        let mut f = Self::connect(socket);
+        let offered = f.frontend.get_features().unwrap();
+        let proto = f.frontend.get_protocol_features().unwrap();
+        let wanted = proto
+            & (VhostUserProtocolFeatures::REPLY_ACK | VhostUserProtocolFeatures::RESET_DEVICE);
+        f.frontend.set_protocol_features(wanted).unwrap();
+        f.frontend.set_owner().unwrap();
+        for q in [RX, TX] {
+            f.frontend.set_vring_call(q, &f.queues[q].call).unwrap();
+        }
+        for q in [RX as u32, TX as u32] {
+            // SET_VRING_ENABLE, version 1 without NEED_REPLY (as QEMU sends it), ring q, 1.
+            let mut m = Vec::new();
+            for v in [18u32, 1, 8, q, 1] {
+                m.extend_from_slice(&v.to_le_bytes());
+            }
+            (&f.raw).write_all(&m).unwrap();
+        }
+        let acked = offered & !((1 << VIRTIO_NET_F_MAC) | (1 << VIRTIO_NET_F_STATUS));
+        f.frontend.set_features(acked).unwrap();
+        f.acked_features = acked;
+        f.protocol_features = wanted;
+        f.set_mem_table().unwrap();
+        for q in [RX, TX] {
+            let queue = &f.queues[q];
+            f.frontend.set_vring_num(q, QUEUE_SIZE).unwrap();
+            f.frontend.set_vring_base(q, 0).unwrap();
+            f.frontend.set_vring_addr(q, &queue.config(&f.mem)).unwrap();
+            f.frontend.set_vring_kick(q, &queue.kick).unwrap();
+            f.frontend.set_vring_call(q, &queue.call).unwrap();
+        }
+        for id in 0..RX_BUFFERS {
+            f.post_rx_buffer(id);
+        }
+        f.queues[RX].kick();
         f
     }
 
