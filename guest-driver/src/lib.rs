@@ -5,6 +5,7 @@
 
 pub mod channel;
 pub mod control_client;
+pub mod tools;
 pub mod virtio_user;
 
 pub use channel::{Channel, ChannelError, ClientStats, Doorbell, WaitPolicy, Waiter};

@@ -9,7 +9,7 @@ mod channel;
 mod config;
 mod counters;
 mod deliver;
-mod worker;
+pub(crate) mod worker;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -27,6 +27,7 @@ use vm_memory::GuestMemoryMmap;
 pub use channel::{EngineChannel, GuestWaker, RunState};
 pub use config::{ConfigError, EngineConfig, Placement};
 pub use counters::{ChannelStats, WorkerStats};
+pub use worker::pin_to_cpu;
 
 use worker::WorkerHandle;
 

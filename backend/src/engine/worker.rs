@@ -458,7 +458,8 @@ fn publish(dirty: Option<(Arc<EngineChannel>, u64, u64)>) {
     }
 }
 
-fn pin_to_cpu(cpu: u32) {
+/// Pins the calling thread to `cpu` (modulo the CPU set size); logs a warning if refused.
+pub fn pin_to_cpu(cpu: u32) {
     // SAFETY: cpu_set_t is plain data; zeroed is a valid empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: CPU_SET writes within `set`; cpu is reduced modulo CPU_SETSIZE first.

@@ -1,0 +1,349 @@
+//! The daemon: one engine, one switch, one vhost-user listener per guest, the control path
+//! between them, and the admin socket. `svnic serve` and `svnic demo` both run this.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+
+use log::{info, warn};
+use svnic_channels::MacAddr;
+use svnic_control::{ChannelState, GuestId};
+use thiserror::Error;
+use vm_memory::GuestMemoryMmap;
+
+use crate::admin::{
+    AdminRequest, AdminResponse, AdminServer, AdminSource, ChannelView, EngineView, GuestView,
+    WorkerView,
+};
+use crate::config::DaemonConfig;
+use crate::control_path::{ControlPath, FrameOut};
+use crate::engine::{Engine, EngineError, RunState};
+use crate::net::{
+    serve_port, ListenerError, PortEvents, PortId, StopSignal, Switch, SwitchConfig, SwitchError,
+};
+
+/// Why the daemon could not start.
+#[derive(Debug, Error)]
+pub enum DaemonError {
+    /// The engine refused its settings or could not start workers.
+    #[error("engine: {0}")]
+    Engine(#[from] EngineError),
+    /// A guest's port could not be added.
+    #[error("switch: {0}")]
+    Switch(#[from] SwitchError),
+    /// A guest's socket could not be served.
+    #[error("{0}")]
+    Listener(#[from] ListenerError),
+    /// The admin socket could not be bound.
+    #[error("admin socket {path}: {source}")]
+    Admin {
+        /// Path.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The stop signal could not be created.
+    #[error("stop signal: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// What the switch reports, turned into engine and control-path calls.
+struct Events {
+    engine: Engine,
+    control: OnceLock<Arc<ControlPath>>,
+}
+
+impl PortEvents for Events {
+    fn memory_changed(&self, port: PortId, mem: Option<Arc<GuestMemoryMmap>>) {
+        if let Err(e) = self.engine.set_guest_memory(port, mem) {
+            warn!("{port}: memory change: {e}");
+        }
+    }
+
+    fn svnic_frame(&self, port: PortId, frame: &[u8]) {
+        if let Some(cp) = self.control.get() {
+            cp.handle(port, frame);
+        }
+    }
+
+    fn connection(&self, port: PortId, connected: bool) {
+        if connected {
+            info!("{port}: frontend connected");
+        } else {
+            // Channels went with the memory (memory_changed(None) comes first); nothing of
+            // the guest stays in the engine.
+            info!("{port}: frontend disconnected");
+        }
+    }
+}
+
+/// The control path answers through the switch.
+struct SwitchOut(Arc<Switch>);
+
+impl FrameOut for SwitchOut {
+    fn send(&self, port: GuestId, frame: &[u8]) -> bool {
+        self.0.inject(port, frame)
+    }
+}
+
+struct GuestEntry {
+    id: GuestId,
+    name: String,
+    macs: Vec<MacAddr>,
+    socket: PathBuf,
+}
+
+/// A running daemon. [`Daemon::shutdown`] (or drop) stops listeners and removes sockets.
+pub struct Daemon {
+    engine: Engine,
+    switch: Arc<Switch>,
+    control: Arc<ControlPath>,
+    stop: StopSignal,
+    listeners: Vec<JoinHandle<()>>,
+    admin: Option<AdminServer>,
+    guests: Arc<Vec<GuestEntry>>,
+}
+
+impl std::fmt::Debug for Daemon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Daemon")
+            .field("guests", &self.guests.len())
+            .finish()
+    }
+}
+
+impl Daemon {
+    /// Starts the engine, the switch, every guest's listener and (if `with_admin`) the admin
+    /// socket.
+    pub fn start(config: &DaemonConfig, with_admin: bool) -> Result<Self, DaemonError> {
+        let engine = Engine::new(config.engine.clone())?;
+        let events = Arc::new(Events {
+            engine: engine.clone(),
+            control: OnceLock::new(),
+        });
+        let switch = Switch::new(events.clone(), SwitchConfig::default());
+        let control = ControlPath::new(engine.clone(), Arc::new(SwitchOut(switch.clone())));
+        let _ = events.control.set(control.clone());
+        let stop = StopSignal::new()?;
+        let mut guests = Vec::new();
+        let mut daemon = Daemon {
+            engine: engine.clone(),
+            switch: switch.clone(),
+            control: control.clone(),
+            stop: stop.clone(),
+            listeners: Vec::new(),
+            admin: None,
+            guests: Arc::new(Vec::new()),
+        };
+        for g in &config.guests {
+            let policy = g.policy.clone();
+            let macs = policy.macs.clone();
+            let name = policy.name.clone();
+            let id = engine.register_guest(policy, None)?;
+            engine.set_guest_waker(id, Some(control.waker(id, macs[0])))?;
+            switch.add_port(id, &macs)?;
+            daemon
+                .listeners
+                .push(serve_port(switch.clone(), id, &g.socket, &stop)?);
+            info!(
+                "guest '{name}' ({id}, {}) on {}",
+                macs[0],
+                g.socket.display()
+            );
+            guests.push(GuestEntry {
+                id,
+                name,
+                macs,
+                socket: g.socket.clone(),
+            });
+        }
+        daemon.guests = Arc::new(guests);
+        if with_admin {
+            let view = Arc::new(DaemonView {
+                engine,
+                switch,
+                control,
+                guests: daemon.guests.clone(),
+            });
+            daemon.admin = Some(AdminServer::start(&config.admin_socket, view).map_err(
+                |source| DaemonError::Admin {
+                    path: config.admin_socket.clone(),
+                    source,
+                },
+            )?);
+        }
+        Ok(daemon)
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The switch.
+    pub fn switch(&self) -> &Arc<Switch> {
+        &self.switch
+    }
+
+    /// What `svnic ctl` would see.
+    pub fn view(&self) -> impl AdminSource {
+        DaemonView {
+            engine: self.engine.clone(),
+            switch: self.switch.clone(),
+            control: self.control.clone(),
+            guests: self.guests.clone(),
+        }
+    }
+
+    /// Stops every listener (their sockets are removed) and the admin socket.
+    pub fn shutdown(mut self) {
+        self.stop_all();
+    }
+
+    fn stop_all(&mut self) {
+        self.stop.stop();
+        for l in self.listeners.drain(..) {
+            let _ = l.join();
+        }
+        self.admin = None;
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop_all();
+    }
+}
+
+/// Blocks the calling thread until SIGINT or SIGTERM. Call [`block_termination_signals`] first,
+/// before any thread is started, so that no other thread takes the signal.
+pub fn wait_for_termination() -> i32 {
+    let set = termination_set();
+    let mut sig: libc::c_int = 0;
+    // SAFETY: set is a valid, initialised sigset; sig is a valid out pointer.
+    let r = unsafe { libc::sigwait(&set, &mut sig) };
+    if r == 0 {
+        sig
+    } else {
+        -1
+    }
+}
+
+/// Blocks SIGINT and SIGTERM in the calling thread (and the threads it starts later), so that
+/// [`wait_for_termination`] receives them.
+pub fn block_termination_signals() {
+    let set = termination_set();
+    // SAFETY: set is valid; a null old-set pointer is allowed.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+}
+
+fn termination_set() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigemptyset initialises it before use.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: set points to a live sigset_t.
+    unsafe { libc::sigemptyset(&mut set) };
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: set is initialised; sig is a valid signal number.
+        unsafe { libc::sigaddset(&mut set, sig) };
+    }
+    set
+}
+
+struct DaemonView {
+    engine: Engine,
+    switch: Arc<Switch>,
+    control: Arc<ControlPath>,
+    guests: Arc<Vec<GuestEntry>>,
+}
+
+impl AdminSource for DaemonView {
+    fn answer(&self, req: AdminRequest) -> AdminResponse {
+        use std::sync::atomic::Ordering::Relaxed;
+        match req {
+            AdminRequest::Guests => {
+                let stats: HashMap<PortId, _> = self
+                    .switch
+                    .stats()
+                    .into_iter()
+                    .map(|s| (s.port, s))
+                    .collect();
+                let guests = self
+                    .guests
+                    .iter()
+                    .map(|g| {
+                        let s = stats.get(&g.id);
+                        GuestView {
+                            name: g.name.clone(),
+                            macs: g.macs.iter().map(|m| m.to_string()).collect(),
+                            socket: g.socket.display().to_string(),
+                            connected: s.is_some_and(|s| s.link_up),
+                            channels: self.engine.control().live_channels_of(g.id).len(),
+                            frames_in: s.map_or(0, |s| s.tx_frames),
+                            frames_out: s.map_or(0, |s| s.rx_frames),
+                            drops: s.map_or(0, |s| s.drops.total()),
+                        }
+                    })
+                    .collect();
+                AdminResponse::Guests { guests }
+            }
+            AdminRequest::Channels => {
+                let channels = self
+                    .engine
+                    .channel_records()
+                    .into_iter()
+                    .map(|r| {
+                        let stats = self.engine.channel_stats(r.id).unwrap_or_default();
+                        let state = match (r.state, self.engine.run_state(r.id)) {
+                            (ChannelState::Success, Some(RunState::Faulted)) => {
+                                "Faulted".to_string()
+                            }
+                            (ChannelState::Failure(reason), _) => format!("Failure({reason})"),
+                            (s, _) => format!("{s:?}"),
+                        };
+                        ChannelView {
+                            id: r.id.0,
+                            guest: r.guest_name.clone(),
+                            addr: r.addr.to_string(),
+                            state,
+                            worker: r.worker,
+                            cpu: r.cpu,
+                            ring_size: r.ring_size,
+                            tx: stats.tx_taken,
+                            delivered: stats.tx_delivered,
+                            errors: stats.tx_errors_total(),
+                            rx: stats.rx_messages,
+                            rx_bytes: stats.rx_bytes,
+                        }
+                    })
+                    .collect();
+                AdminResponse::Channels { channels }
+            }
+            AdminRequest::Engine => {
+                let c = self.control.counters();
+                AdminResponse::Engine(EngineView {
+                    workers: self
+                        .engine
+                        .worker_stats()
+                        .into_iter()
+                        .map(|w| WorkerView {
+                            worker: w.worker,
+                            cpu: w.cpu,
+                            channels: w.channels,
+                            messages: w.messages,
+                            sleeps: w.sleeps,
+                            doorbells: w.doorbells,
+                            faults: w.faults,
+                        })
+                        .collect(),
+                    control_requests: c.requests.load(Relaxed),
+                    doorbells: c.doorbells.load(Relaxed),
+                    wakes: c.wakes.load(Relaxed),
+                    control_drops: c.dropped.load(Relaxed),
+                    switch_drops: self.switch.stats().iter().map(|s| s.drops.total()).sum(),
+                })
+            }
+        }
+    }
+}
