@@ -15,3 +15,7 @@ cargo clippy --workspace --all-targets -- -D warnings
 
 echo "== cargo test"
 cargo test --workspace
+
+echo "== svnic demo --json (release build; numbers are reported, never asserted)"
+cargo build --release -p svnic-backend --bin svnic
+RUST_LOG=warn target/release/svnic demo --json

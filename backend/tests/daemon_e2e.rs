@@ -1,0 +1,590 @@
+//! The whole daemon end to end, over real vhost-user Unix sockets: host-process guests (the
+//! virtio-user frontend of svnic-guest) and hostile frame-level frontends, against
+//! `Daemon::start` exactly as `svnic serve` runs it.
+#![allow(clippy::unwrap_used)]
+
+mod net_support;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use net_support::TestFrontend;
+use svnic_backend::admin::{AdminRequest, AdminResponse, AdminSource};
+use svnic_backend::config::{DaemonConfig, EngineOverrides};
+use svnic_backend::daemon::Daemon;
+use svnic_channels::frame::{
+    ControlOp, ControlRequest, ControlStatus, CreateRequest, Frame, FrameBody,
+};
+use svnic_channels::{ChannelAddr, CompletionStatus, DataRef, FailureReason, MacAddr, Message};
+use svnic_guest::control_client::ClientError;
+use svnic_guest::virtio_user::HostGuest;
+use vhost::VhostBackend;
+use vhost::VhostUserMemoryRegionInfo;
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+
+const T: Duration = Duration::from_secs(10);
+
+fn mac(n: u8) -> MacAddr {
+    MacAddr([0x52, 0x54, 0x00, 0xe2, 0xe0, n])
+}
+
+struct Setup {
+    daemon: Option<Daemon>,
+    dir: PathBuf,
+}
+
+impl Setup {
+    /// A daemon with guests 1..=n; guest 1 may have at most 2 channels.
+    fn new(n: u8, backpressure_ms: u64) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "svnic-e2e-{}-{}",
+            std::process::id(),
+            rand_suffix()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let specs: Vec<String> = (1..=n)
+            .map(|i| {
+                let quota = if i == 1 { ",channels=2" } else { "" };
+                format!(
+                    "name=g{i},socket={},mac={}{quota}",
+                    dir.join(format!("g{i}.sock")).display(),
+                    mac(i)
+                )
+            })
+            .collect();
+        let overrides = EngineOverrides {
+            workers: Some(1),
+            backpressure_wait_ms: Some(backpressure_ms),
+            ..Default::default()
+        };
+        let cfg =
+            DaemonConfig::load(None, &specs, &overrides, Some(dir.join("admin.sock"))).unwrap();
+        Setup {
+            daemon: Some(Daemon::start(&cfg, false).unwrap()),
+            dir,
+        }
+    }
+    fn sock(&self, i: u8) -> PathBuf {
+        self.dir.join(format!("g{i}.sock"))
+    }
+    fn daemon(&self) -> &Daemon {
+        self.daemon.as_ref().unwrap()
+    }
+    fn guest(&self, i: u8) -> HostGuest {
+        HostGuest::connect(self.sock(i), 64 << 20).unwrap()
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        if let Some(d) = self.daemon.take() {
+            d.shutdown();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn rand_suffix() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0);
+    h.finish() & 0xffff_ffff
+}
+
+fn recv(ch: &mut svnic_guest::Channel, g: &HostGuest, n: usize) -> Vec<Message> {
+    let w = g.waiter(ch);
+    let mut out = Vec::new();
+    let deadline = Instant::now() + T;
+    while out.len() < n && Instant::now() < deadline {
+        let want = n - out.len();
+        ch.wait_poll(&mut out, want, Duration::from_millis(200), &w)
+            .unwrap();
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Control path: success and each failure reason, from a frame-level (hostile) frontend.
+// ---------------------------------------------------------------------------------------------
+
+const FREE: u64 = 0x30_0000; // 3..4 MiB of the test frontend's memory holds no rings or buffers
+
+impl TestFrontend {
+    /// The same memfd presented as two memory-table regions split at `at`.
+    fn set_split_mem_table(&mut self, at: u64) {
+        let whole = self.region();
+        let first = VhostUserMemoryRegionInfo {
+            memory_size: at,
+            ..whole
+        };
+        let second = VhostUserMemoryRegionInfo {
+            guest_phys_addr: at,
+            memory_size: whole.memory_size - at,
+            userspace_addr: whole.userspace_addr + at,
+            mmap_offset: at,
+            ..whole
+        };
+        self.frontend.set_mem_table(&[first, second]).unwrap();
+    }
+
+    fn control(
+        &mut self,
+        me: MacAddr,
+        request_id: u32,
+        op: ControlOp,
+    ) -> Vec<(ControlStatus, u32)> {
+        let req = Frame {
+            dst: MacAddr::ENGINE,
+            src: me,
+            body: FrameBody::ControlRequest(ControlRequest { request_id, op }),
+        };
+        self.send(&req.encode().unwrap());
+        let mut answers = Vec::new();
+        let deadline = Instant::now() + T;
+        while Instant::now() < deadline {
+            let Some(bytes) = self.recv(Duration::from_millis(300)) else {
+                break;
+            };
+            if let Ok(Frame {
+                src,
+                body: FrameBody::ControlResponse(r),
+                ..
+            }) = Frame::decode(&bytes)
+            {
+                assert_eq!(src, MacAddr::ENGINE);
+                if r.request_id == request_id {
+                    answers.push((r.status, r.channel.0));
+                    if !matches!(r.status, ControlStatus::Pending) {
+                        break;
+                    }
+                }
+            }
+        }
+        answers
+    }
+}
+
+fn create(
+    mac: MacAddr,
+    endpoint: u32,
+    ring_size: u32,
+    region_addr: u64,
+    region_len: u64,
+) -> ControlOp {
+    ControlOp::Create(CreateRequest {
+        mac,
+        endpoint,
+        ring_size,
+        region_addr,
+        region_len,
+    })
+}
+
+fn failure(answers: &[(ControlStatus, u32)]) -> Option<FailureReason> {
+    match answers.last() {
+        Some((ControlStatus::Failure(r), _)) => Some(*r),
+        _ => None,
+    }
+}
+
+#[test]
+fn channel_creation_succeeds_and_fails_for_each_reason_over_a_real_socket() {
+    let s = Setup::new(2, 100);
+    let mut f = TestFrontend::start(&s.sock(1));
+    let me = mac(1);
+    let k = 64 << 10;
+
+    let ok = f.control(me, 1, create(me, 1, 16, FREE, k));
+    assert!(
+        matches!(ok.as_slice(), [(ControlStatus::Pending, id), (ControlStatus::Success { .. }, id2)] if id == id2),
+        "{ok:?}"
+    );
+    assert_eq!(
+        failure(&f.control(me, 2, create(me, 1, 16, FREE + k, k))),
+        Some(FailureReason::EndpointTaken)
+    );
+    assert_eq!(
+        failure(&f.control(me, 3, create(me, 2, 100, FREE + k, k))),
+        Some(FailureReason::BadRingSize)
+    );
+    // Pending, then Failure: only the engine's look at the memory table can tell.
+    let outside = f.control(me, 4, create(me, 2, 16, 64 << 20, k));
+    assert_eq!(outside.first().map(|a| a.0), Some(ControlStatus::Pending));
+    assert_eq!(failure(&outside), Some(FailureReason::RegionOutsideMemory));
+    assert_eq!(
+        failure(&f.control(me, 5, create(mac(2), 2, 16, FREE + k, k))),
+        Some(FailureReason::MacNotOwned)
+    );
+    assert!(matches!(
+        f.control(me, 6, create(me, 2, 16, FREE + k, k)).last(),
+        Some((ControlStatus::Success { .. }, _))
+    ));
+    assert_eq!(
+        failure(&f.control(me, 7, create(me, 3, 16, FREE + 2 * k, k))),
+        Some(FailureReason::QuotaExceeded)
+    );
+
+    // A second guest whose memory table has two regions: a channel across the seam is refused.
+    let mut g = TestFrontend::start(&s.sock(2));
+    g.set_split_mem_table(0x38_0000);
+    let straddle = g.control(mac(2), 8, create(mac(2), 1, 16, 0x37_0000, 2 * k));
+    assert_eq!(failure(&straddle), Some(FailureReason::RegionStraddles));
+    assert!(matches!(
+        g.control(mac(2), 9, create(mac(2), 1, 16, 0x38_0000, k))
+            .last(),
+        Some((ControlStatus::Success { .. }, _))
+    ));
+
+    // The operator view lists them.
+    let AdminResponse::Channels { channels } = s.daemon().view().answer(AdminRequest::Channels)
+    else {
+        panic!()
+    };
+    assert_eq!(
+        channels.iter().filter(|c| c.state == "Success").count(),
+        3,
+        "{channels:?}"
+    );
+    let _ = g.mem.find_region(GuestAddress(0)).map(|r| r.len());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Data: channels and virtio-net frames between host-process guests.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn user_data_and_dma_data_between_two_host_process_guests_intact_and_in_order() {
+    let s = Setup::new(2, 100);
+    let (ga, gb) = (s.guest(1), s.guest(2));
+    let mut a = ga.create_channel(7, 256, T).unwrap();
+    let mut b = gb.create_channel(9, 256, T).unwrap();
+    let b_addr = ChannelAddr {
+        mac: mac(2),
+        endpoint: 9,
+    };
+    let n = 5000u64;
+    let mut sent = 0;
+    let mut got = Vec::new();
+    while (got.len() as u64) < n {
+        while sent < n
+            && a.send_user(b_addr, sent, &sent.to_le_bytes(), false)
+                .unwrap()
+        {
+            sent += 1;
+        }
+        a.flush().unwrap();
+        got.extend(recv(&mut b, &gb, 1));
+    }
+    for (i, m) in got.iter().enumerate() {
+        let Message::UserData(u) = m else {
+            panic!("{m:?}")
+        };
+        assert_eq!(
+            (u.cookie, u.data(), u.peer),
+            (i as u64, &(i as u64).to_le_bytes()[..], a.addr())
+        );
+    }
+    // DMA-data: 100 KiB, copied into a posted buffer, COMPLETE, with a completion for the sender.
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    let (da, db) = (a.layout().data_offset, b.layout().data_offset);
+    b.post_buffer(
+        77,
+        DataRef {
+            offset: db,
+            len: 128 << 10,
+        },
+    )
+    .unwrap();
+    b.flush().unwrap();
+    a.write_data(da, &data).unwrap();
+    a.send_dma(
+        b_addr,
+        5,
+        DataRef {
+            offset: da,
+            len: data.len() as u32,
+        },
+    )
+    .unwrap();
+    a.flush().unwrap();
+    let m = recv(&mut b, &gb, 1);
+    let Message::DmaData(d) = m[0] else {
+        panic!("{m:?}")
+    };
+    assert!(d.is_complete() && d.cookie == 77 && d.data.len as usize == data.len());
+    let mut back = vec![0u8; data.len()];
+    b.read_data(d.data.offset, &mut back).unwrap();
+    assert!(back == data, "DMA payload intact");
+    let c = recv(&mut a, &ga, 1);
+    assert!(
+        matches!(c[0], Message::Completion(c) if c.cookie == 5 && c.status == CompletionStatus::Ok && c.len as usize == data.len())
+    );
+}
+
+fn eth(dst: MacAddr, src: MacAddr, tag: u8) -> Vec<u8> {
+    let mut f = Vec::new();
+    f.extend_from_slice(&dst.0);
+    f.extend_from_slice(&src.0);
+    f.extend_from_slice(&0x88b6u16.to_be_bytes());
+    f.extend_from_slice(&[tag; 50]);
+    f
+}
+
+fn raw_frames(g: &HostGuest, quiet: Duration) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        if !g.wait_raw(quiet).unwrap() {
+            return out;
+        }
+        g.recv_raw(&mut out, 64).unwrap();
+    }
+}
+
+#[test]
+fn virtio_net_unicast_broadcast_and_a_spoofed_source_counted() {
+    let s = Setup::new(3, 100);
+    let (g1, g2, g3) = (s.guest(1), s.guest(2), s.guest(3));
+    assert!(g1.send_raw(&eth(mac(2), mac(1), 1)).unwrap());
+    assert!(g1.send_raw(&eth(MacAddr::BROADCAST, mac(1), 2)).unwrap());
+    assert!(g1.send_raw(&eth(mac(2), mac(3), 3)).unwrap()); // spoofs guest 3
+    let at2 = raw_frames(&g2, Duration::from_millis(300));
+    let at3 = raw_frames(&g3, Duration::from_millis(300));
+    assert_eq!(
+        at2,
+        vec![eth(mac(2), mac(1), 1), eth(MacAddr::BROADCAST, mac(1), 2)]
+    );
+    assert_eq!(at3, vec![eth(MacAddr::BROADCAST, mac(1), 2)]);
+    assert!(
+        raw_frames(&g1, Duration::from_millis(100)).is_empty(),
+        "a broadcast does not return to its sender"
+    );
+    let stats = s.daemon().switch().stats();
+    let p1 = stats.iter().find(|p| p.macs.contains(&mac(1))).unwrap();
+    assert_eq!(p1.drops.spoofed, 1);
+    let AdminResponse::Guests { guests } = s.daemon().view().answer(AdminRequest::Guests) else {
+        panic!()
+    };
+    assert!(guests.iter().all(|g| g.connected));
+    assert_eq!(guests[0].drops, 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// A guest process killed mid-traffic.
+// ---------------------------------------------------------------------------------------------
+
+/// Not a test on its own: when SVNIC_E2E_CHILD_SOCKET is set, this runs as the child guest
+/// process of `a_guest_killed_mid_traffic...`: it connects, creates channel 9, and sleeps.
+#[test]
+fn child_guest_process() {
+    let Ok(sock) = std::env::var("SVNIC_E2E_CHILD_SOCKET") else {
+        return;
+    };
+    let g = HostGuest::connect(&sock, 64 << 20).unwrap();
+    let _ch = g.create_channel(9, 256, T).unwrap();
+    println!("CHILD-READY");
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+/// A child guest process, killed and reaped when dropped (even if the test fails first).
+struct ChildGuest(std::process::Child);
+
+impl ChildGuest {
+    fn alive(&mut self) -> bool {
+        self.0.try_wait().unwrap().is_none()
+    }
+    fn kill(&mut self) {
+        let _ = self.0.kill(); // SIGKILL
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for ChildGuest {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn spawn_child(sock: &Path) -> ChildGuest {
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_guest_process",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("SVNIC_E2E_CHILD_SOCKET", sock)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(out));
+    let mut child = ChildGuest(child);
+    assert!(
+        lines.any(|l| l.is_ok_and(|l| l.contains("CHILD-READY"))),
+        "child guest did not come up"
+    );
+    child.alive();
+    child
+}
+
+#[test]
+fn a_guest_killed_mid_traffic_is_torn_down_and_can_come_back() {
+    let s = Setup::new(3, 50);
+    let ga = s.guest(1);
+    let mut a = ga.create_channel(1, 256, T).unwrap();
+    let b_addr = ChannelAddr {
+        mac: mac(2),
+        endpoint: 9,
+    };
+    let mut child = spawn_child(&s.sock(2));
+
+    // A streams to B (which never reads: messages are held, then delivered while room lasts).
+    let mut completions = Vec::new();
+    let mut sent = 0u64;
+    let deadline = Instant::now() + T;
+    while sent < 600 {
+        while sent < 600 && a.send_user(b_addr, sent, b"to-b", false).unwrap() {
+            sent += 1;
+        }
+        a.flush().unwrap();
+        a.poll(&mut completions, 256).unwrap();
+        if sent >= 300 && child.alive() {
+            child.kill(); // SIGKILL, mid-traffic
+        }
+        assert!(Instant::now() < deadline);
+    }
+    // Every message is delivered or error-completed; the errors name the destination's fate.
+    let engine = s.daemon().engine();
+    let a_id = svnic_channels::ChannelId(a.id());
+    let deadline = Instant::now() + T;
+    loop {
+        a.poll(&mut completions, 256).unwrap();
+        let st = engine.channel_stats(a_id).unwrap();
+        if st.tx_taken == sent && completions.len() as u64 == st.tx_errors_total() {
+            assert_eq!(st.tx_delivered + st.tx_errors_total(), sent);
+            assert!(
+                st.tx_errors_total() > 0,
+                "messages to the dead guest were error-completed"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "accounting did not settle: {st:?}, {} completions",
+            completions.len()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for m in &completions {
+        let Message::Completion(c) = m else {
+            panic!("{m:?}")
+        };
+        assert!(
+            matches!(
+                c.status,
+                CompletionStatus::NoRoute
+                    | CompletionStatus::DestinationGone
+                    | CompletionStatus::RingFull
+            ),
+            "{c:?}"
+        );
+    }
+    // The dead guest's channels are gone; the daemon still serves the others.
+    let guest2 = engine.control().guest_by_name("g2").unwrap();
+    net_support_wait(|| engine.control().live_channels_of(guest2).is_empty());
+    let g3 = s.guest(3);
+    let mut c = g3.create_channel(3, 256, T).unwrap();
+    a.send_user(
+        ChannelAddr {
+            mac: mac(3),
+            endpoint: 3,
+        },
+        1,
+        b"alive",
+        false,
+    )
+    .unwrap();
+    a.flush().unwrap();
+    assert_eq!(recv(&mut c, &g3, 1).len(), 1);
+    // The guest comes back on the same socket and gets the same endpoint again.
+    let gb = s.guest(2);
+    let mut b = gb.create_channel(9, 256, T).unwrap();
+    a.send_user(b_addr, 2, b"again", false).unwrap();
+    a.flush().unwrap();
+    let got = recv(&mut b, &gb, 1);
+    assert!(matches!(got[0], Message::UserData(u) if u.data() == b"again"));
+}
+
+fn net_support_wait(mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + T;
+    while !cond() {
+        assert!(Instant::now() < deadline, "condition not reached");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn garbage_on_a_socket_leaves_the_daemon_serving_the_others() {
+    use std::io::Write;
+    let s = Setup::new(3, 100);
+    let (g1, g2) = (s.guest(1), s.guest(2));
+    let mut a = g1.create_channel(1, 256, T).unwrap();
+    let mut b = g2.create_channel(2, 256, T).unwrap();
+    for garbage in [
+        &b"\x01\x02 random bytes \xff\xfe"[..],
+        &[0u8; 7][..],
+        &[1, 0, 0, 0, 1, 0, 0, 0, 255, 255, 255, 255][..],
+    ] {
+        let mut raw = std::os::unix::net::UnixStream::connect(s.sock(3)).unwrap();
+        raw.write_all(garbage).unwrap();
+        drop(raw);
+    }
+    // An absurd memory table: a region far larger than its file.
+    let mut f = TestFrontend::connect(&s.sock(3));
+    f.negotiate().unwrap();
+    let absurd = VhostUserMemoryRegionInfo {
+        memory_size: 1 << 40,
+        ..f.region()
+    };
+    let _ = f.frontend.set_mem_table(&[absurd]);
+    drop(f);
+    // Guests 1 and 2 are unaffected, and guest 3's socket takes a good frontend afterwards.
+    a.send_user(b.addr(), 1, b"fine", false).unwrap();
+    a.flush().unwrap();
+    assert_eq!(recv(&mut b, &g2, 1).len(), 1);
+    let g3 = s.guest(3);
+    assert!(g3.create_channel(3, 256, T).is_ok());
+    let _ = ClientError::Refused(FailureReason::BadRequest);
+}
+
+#[test]
+fn the_demo_runs_and_reports_every_measurement_as_json() {
+    // Small counts: this checks that every path works and is reported; the numbers themselves
+    // are for `svnic demo` in a release build (timings are never asserted).
+    let report = svnic_backend::demo::run_demo(&svnic_backend::demo::DemoOptions {
+        rounds: 50,
+        messages: 20_000,
+        workers: 1,
+        pin: true,
+        cpus: 0,
+    })
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    for path in [
+        "bypass_user_data_32",
+        "bypass_dma_data_4096",
+        "bypass_user_data_32_thread_per_guest",
+        "virtio_net_32",
+    ] {
+        assert_eq!(v["round_trip"][path]["count"], 50, "{path}");
+        assert!(
+            v["round_trip"][path]["p50_us"].as_f64().unwrap() > 0.0,
+            "{path}"
+        );
+    }
+    assert_eq!(v["streaming"]["bypass_user_data"]["messages"], 20_000);
+    assert!(v["streaming"]["virtio_net"]["messages"].as_u64().unwrap() > 0);
+    assert!(v["latency_ratio"].as_f64().unwrap() > 0.0);
+    assert!(report.to_table().contains("virtio-net frames"));
+}
