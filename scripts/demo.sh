@@ -5,5 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-cargo build --release -p svnic-backend --bin svnic
-RUST_LOG=${RUST_LOG:-warn} exec target/release/svnic demo "$@"
+RUST_LOG=${RUST_LOG:-warn} exec cargo run --quiet --release -p svnic-backend --bin svnic -- demo "$@"

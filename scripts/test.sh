@@ -17,5 +17,4 @@ echo "== cargo test"
 cargo test --workspace
 
 echo "== svnic demo --json (release build; numbers are reported, never asserted)"
-cargo build --release -p svnic-backend --bin svnic
-RUST_LOG=warn target/release/svnic demo --json
+RUST_LOG=warn cargo run --quiet --release -p svnic-backend --bin svnic -- demo --json
