@@ -1,0 +1,177 @@
+//! `svnic-guestd` as a program: command line ([`DaemonArgs`]) -> [`AgentConfig`] -> the NIC,
+//! the hugepage pool and the memory backend -> [`Agent::run`], stopped by SIGTERM/SIGINT/SIGHUP
+//! (every channel is destroyed with the engine before it exits).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::Duration;
+
+use clap::Parser;
+use log::{info, warn};
+use svnic_channels::frame::ETHERTYPE;
+
+use super::hugepages::HugepagePool;
+use super::memory::HugepageBackend;
+use super::nic::{find_virtio_nic, PacketSocket};
+use super::{Agent, AgentConfig, AgentError, DEFAULT_STATE_FILE};
+use crate::vm::DEFAULT_AGENT_SOCKET;
+
+/// svnic-guestd: the svnic guest agent. Runs as root in a VM whose NIC is an svnic virtio-net
+/// device; creates channels for unprivileged applications (svnic-guest, or any program using
+/// svnic_guest::vm::AgentClient) over a Unix socket.
+#[derive(Debug, Parser)]
+#[command(name = "svnic-guestd", version)]
+pub struct DaemonArgs {
+    /// The svnic NIC [default: the interface driven by virtio_net].
+    #[arg(long)]
+    pub iface: Option<String>,
+    /// Application socket.
+    #[arg(long, default_value = DEFAULT_AGENT_SOCKET)]
+    pub socket: PathBuf,
+    /// File mode of the application socket, octal (666: every local user may create channels).
+    #[arg(long, default_value = "666", value_parser = parse_mode)]
+    pub socket_mode: u32,
+    /// Channels (one 2 MiB hugepage each) of all applications together.
+    #[arg(long, default_value_t = 16)]
+    pub max_channels: usize,
+    /// Channels one application may hold.
+    #[arg(long, default_value_t = 8)]
+    pub max_channels_per_app: usize,
+    /// Free 2 MiB hugepages to make sure of at start, raising /proc/sys/vm/nr_hugepages if
+    /// needed (0: leave the pool alone) [default: --max-channels].
+    #[arg(long)]
+    pub hugepages: Option<u64>,
+    /// Where the ids of channels whose memory the agent holds are kept (a restarted agent
+    /// destroys them first).
+    #[arg(long, default_value = DEFAULT_STATE_FILE)]
+    pub state_file: PathBuf,
+    /// Keep no state file.
+    #[arg(long)]
+    pub no_state_file: bool,
+    /// Work on kernels that cannot seal hugetlb memfds (an application could then free channel
+    /// memory the engine still uses).
+    #[arg(long)]
+    pub allow_unsealed: bool,
+    /// How long stopping waits for the engine to acknowledge the destroys, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    pub shutdown_wait_ms: u64,
+    /// Log level (error, warn, info, debug, trace); RUST_LOG overrides it.
+    #[arg(long, default_value = "info")]
+    pub log: String,
+}
+
+fn parse_mode(s: &str) -> Result<u32, String> {
+    match u32::from_str_radix(s.trim_start_matches("0o"), 8) {
+        Ok(m) if m <= 0o777 => Ok(m),
+        _ => Err(format!("{s:?} is not an octal file mode such as 666")),
+    }
+}
+
+impl From<&DaemonArgs> for AgentConfig {
+    fn from(a: &DaemonArgs) -> Self {
+        AgentConfig {
+            socket: a.socket.clone(),
+            socket_mode: a.socket_mode,
+            max_channels_per_app: a.max_channels_per_app,
+            max_channels: a.max_channels,
+            state_file: (!a.no_state_file).then(|| a.state_file.clone()),
+            shutdown_wait: Duration::from_millis(a.shutdown_wait_ms),
+            ..AgentConfig::default()
+        }
+    }
+}
+
+static STOP_FD: AtomicI32 = AtomicI32::new(-1);
+
+extern "C" fn on_signal(_sig: libc::c_int) {
+    let fd = STOP_FD.load(Ordering::Relaxed);
+    if fd >= 0 {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: write(2) is async-signal-safe; it reads 8 bytes from a local array and the
+        // descriptor is the agent's stop eventfd, open for the agent's whole life.
+        let _ = unsafe { libc::write(fd, one.as_ptr().cast(), one.len()) };
+    }
+}
+
+/// Makes SIGTERM, SIGINT and SIGHUP signal the eventfd `stop_fd`.
+fn stop_on_signals(stop_fd: i32) -> std::io::Result<()> {
+    STOP_FD.store(stop_fd, Ordering::Relaxed);
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+        // SAFETY: sigaction is plain old data; all zeroes is a valid value (empty mask, no
+        // flags) that we complete below.
+        let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+        sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        sa.sa_flags = libc::SA_RESTART;
+        // SAFETY: installs a handler that only calls async-signal-safe write(2); `sa` is a
+        // valid sigaction that outlives the call; the old action is not asked for.
+        if unsafe { libc::sigaction(sig, &sa, std::ptr::null_mut()) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Runs the agent as `svnic-guestd` does: finds and opens the NIC, reserves hugepages, serves
+/// until a signal, then destroys every channel and returns.
+pub fn run_daemon(args: &DaemonArgs) -> Result<(), AgentError> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        warn!(
+            "svnic-guestd is not running as root: it needs a raw packet socket, hugepages and \
+             physical addresses from /proc/self/pagemap"
+        );
+    }
+    let iface = match &args.iface {
+        Some(i) => i.clone(),
+        None => find_virtio_nic(Path::new("/sys"))?,
+    };
+    let nic = PacketSocket::open(&iface, ETHERTYPE)?;
+    let wanted = args.hugepages.unwrap_or(args.max_channels as u64);
+    if wanted > 0 {
+        HugepagePool::system().reserve(wanted)?;
+    }
+    let memory = HugepageBackend::new(args.allow_unsealed)?;
+    let cfg = AgentConfig::from(args);
+    let (agent, handle) = Agent::new(cfg, Box::new(nic), Box::new(memory))?;
+    stop_on_signals(handle.stop_fd()).map_err(|source| AgentError::Setup {
+        what: "signal handlers".into(),
+        source,
+    })?;
+    agent.run()?;
+    info!("svnic-guestd stopped");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn arguments_become_a_config() {
+        let a = DaemonArgs::try_parse_from([
+            "svnic-guestd",
+            "--socket",
+            "/tmp/a.sock",
+            "--socket-mode",
+            "0o660",
+            "--max-channels",
+            "4",
+            "--no-state-file",
+        ])
+        .unwrap();
+        let c = AgentConfig::from(&a);
+        assert_eq!(c.socket, PathBuf::from("/tmp/a.sock"));
+        assert_eq!(c.socket_mode, 0o660);
+        assert_eq!(c.max_channels, 4);
+        assert_eq!(c.state_file, None);
+        let d = DaemonArgs::try_parse_from(["svnic-guestd"]).unwrap();
+        assert_eq!(d.socket, PathBuf::from(DEFAULT_AGENT_SOCKET));
+        assert_eq!(
+            AgentConfig::from(&d).state_file,
+            Some(PathBuf::from(DEFAULT_STATE_FILE))
+        );
+        assert!(DaemonArgs::try_parse_from(["svnic-guestd", "--socket-mode", "999"]).is_err());
+    }
+}
