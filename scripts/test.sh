@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 
 scripts/setup.sh
 
+echo "== guest image for the VM tests (vm-images/build.sh; cached, see docs/vm.md)"
+vm-images/build.sh
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 

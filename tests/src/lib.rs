@@ -1,1 +1,3 @@
-//! placeholder
+//! End-to-end tests across the svnic crates; the helpers they share live here.
+
+pub mod vm;
