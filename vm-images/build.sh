@@ -16,7 +16,7 @@
 #   SVNIC_KERNEL_PKG      kernel package to use (default: what linux-image-cloud-amd64 depends on)
 #   SVNIC_EXTRA_MODULES   more modules to load at boot, in order (e.g. "uio uio_pci_generic")
 #   SVNIC_GUEST_BIN_DIR   where the static guest binaries are
-#                         (default target/x86_64-unknown-linux-gnu/release)
+#                         (default target/x86_64-unknown-linux-gnu/release; honours CARGO_TARGET_DIR)
 #
 # --build-guest first builds the guest binaries (svnic-guest, svnic-guestd) statically with cargo.
 # Installing packages (qemu-system-x86, cpio, ...) needs root; it is skipped when they are present.
@@ -27,7 +27,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
 build=${SVNIC_VM_BUILD:-$here/build}
-guest_bin_dir=${SVNIC_GUEST_BIN_DIR:-$repo/target/x86_64-unknown-linux-gnu/release}
+guest_bin_dir=${SVNIC_GUEST_BIN_DIR:-${CARGO_TARGET_DIR:-$repo/target}/x86_64-unknown-linux-gnu/release}
 guest_bins=(svnic-guest svnic-guestd)
 build_guest=0
 
