@@ -15,12 +15,15 @@
 
 use std::sync::atomic::{fence, Ordering};
 
-use vm_memory::{Bytes, VolatileSlice};
+use vm_memory::{Bytes, VolatileArrayRef, VolatileMemory, VolatileSlice};
 
 use crate::error::{LayoutError, RingError};
 use crate::layout::{header, ChannelLayout, CHANNEL_MAGIC, CHANNEL_VERSION};
 use crate::message::{RawMessage, MESSAGE_SIZE};
 use crate::status::FaultReason;
+
+/// A ring slot (one message) in 64-bit words.
+const SLOT_WORDS: usize = MESSAGE_SIZE / 8;
 
 /// The three rings of a channel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -250,24 +253,45 @@ impl<'a> ChannelMem<'a> {
         kind.base(&self.layout) + (index & self.layout.mask()) as usize * MESSAGE_SIZE
     }
 
-    fn read_slot(&self, kind: RingKind, index: u32) -> Result<RawMessage, RingError> {
+    /// The slot of `index` in ring `kind`, as [`SLOT_WORDS`] 64-bit words.
+    fn slot_words(
+        &self,
+        kind: RingKind,
+        index: u32,
+    ) -> Result<VolatileArrayRef<'_, u64, ()>, RingError> {
         let off = self.slot_offset(kind, index);
         self.mem
-            .read_obj::<RawMessage>(off)
+            .get_array_ref::<u64>(off, SLOT_WORDS)
             .map_err(|_| RingError::Memory {
                 ring: kind.name(),
                 offset: off,
             })
     }
 
+    // Slots are read and written as eight volatile 64-bit accesses (unaligned-safe: vm-memory
+    // goes through a packed type) rather than with `read_obj`/`write_obj`, whose generic byte
+    // path zeroes a temporary and calls `memcpy`. This is the per-message cost of every ring
+    // operation, engine and client alike: push + pop went from 165 to 112 instructions
+    // (callgrind, benches/ring.rs), 22% less time.
+    fn read_slot(&self, kind: RingKind, index: u32) -> Result<RawMessage, RingError> {
+        let mut words = [0u64; SLOT_WORDS];
+        self.slot_words(kind, index)?.copy_to(&mut words);
+        let mut msg = RawMessage::default();
+        for (bytes, word) in msg.0.chunks_exact_mut(8).zip(words) {
+            bytes.copy_from_slice(&word.to_ne_bytes());
+        }
+        Ok(msg)
+    }
+
     fn write_slot(&self, kind: RingKind, index: u32, msg: &RawMessage) -> Result<(), RingError> {
-        let off = self.slot_offset(kind, index);
-        self.mem
-            .write_obj(*msg, off)
-            .map_err(|_| RingError::Memory {
-                ring: kind.name(),
-                offset: off,
-            })
+        let mut words = [0u64; SLOT_WORDS];
+        for (word, bytes) in words.iter_mut().zip(msg.0.chunks_exact(8)) {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(bytes);
+            *word = u64::from_ne_bytes(b);
+        }
+        self.slot_words(kind, index)?.copy_from(&words);
+        Ok(())
     }
 }
 
