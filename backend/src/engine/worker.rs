@@ -294,6 +294,11 @@ impl Worker {
         let mut tally = TxTally::default();
         let mut pass = Pass::default();
         let mut dirty: Option<(Arc<EngineChannel>, u64, u64)> = None;
+        let mut lookup = RouteLookup {
+            snapshot: routes,
+            table: self.control.routes(),
+            last: None,
+        };
         for _ in 0..avail.min(budget) {
             let raw = match s.tx.peek(&mem) {
                 Ok(Some(r)) => r,
@@ -308,8 +313,7 @@ impl Worker {
                 &src,
                 &mem,
                 &raw,
-                routes,
-                self.control.routes(),
+                &mut lookup,
                 s.held_since.is_some(),
                 &mut dirty,
             );
@@ -360,6 +364,30 @@ impl Worker {
     }
 }
 
+/// Where one pass over a channel finds destinations: the snapshot loaded for the pass, the live
+/// table (for a route bound since), and the last route found in the snapshot.
+struct RouteLookup<'r> {
+    snapshot: &'r RoutingSnapshot<Arc<EngineChannel>>,
+    table: &'r RoutingTable<Arc<EngineChannel>>,
+    last: Option<(ChannelAddr, &'r Arc<EngineChannel>)>,
+}
+
+impl<'r> RouteLookup<'r> {
+    /// The destination bound to `peer` in the pass's snapshot. A batch usually goes to one peer
+    /// and the snapshot cannot change under the pass, so the last hit is remembered and the
+    /// hash lookup is done once per peer change rather than once per message.
+    fn cached(&mut self, peer: &ChannelAddr) -> Option<&'r Arc<EngineChannel>> {
+        if let Some((addr, dest)) = self.last {
+            if addr == *peer {
+                return Some(dest);
+            }
+        }
+        let (_, dest) = self.snapshot.lookup(peer)?;
+        self.last = Some((*peer, dest));
+        Some(dest)
+    }
+}
+
 /// Decodes and routes one TX message and delivers it. Returns the outcome and the peer the
 /// message was addressed to (for the completion). `dirty` accumulates the destination whose RX
 /// ring needs publishing; when the destination changes the previous one is published first.
@@ -367,8 +395,7 @@ fn route_and_deliver(
     src: &Arc<EngineChannel>,
     mem: &svnic_channels::ChannelMem<'_>,
     raw: &RawMessage,
-    routes: &RoutingSnapshot<Arc<EngineChannel>>,
-    table: &RoutingTable<Arc<EngineChannel>>,
+    lookup: &mut RouteLookup<'_>,
     was_held: bool,
     dirty: &mut Option<(Arc<EngineChannel>, u64, u64)>,
 ) -> (Outcome, ChannelAddr) {
@@ -398,10 +425,10 @@ fn route_and_deliver(
     // The pass's snapshot may predate a route bound since (a channel created while this pass
     // ran, whose Success its peer already saw): on a miss, look again in the current one.
     let fresh;
-    let dest = match routes.lookup(&peer) {
-        Some((_, d)) => d,
+    let dest = match lookup.cached(&peer) {
+        Some(d) => d,
         None => {
-            fresh = table.load_full();
+            fresh = lookup.table.load_full();
             match fresh.lookup(&peer) {
                 Some((_, d)) => d,
                 None => {
