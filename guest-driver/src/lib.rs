@@ -9,10 +9,12 @@
 //!   `svnic-guestd`): the guest kernel owns the NIC and the agent speaks to the engine for
 //!   everybody.
 //!
-//! [`tools`] holds the measurements of `svnic-guest ping/perf` and `svnic demo`.
+//! [`tools`] holds the measurements of `svnic-guest ping/perf` and `svnic demo`; [`cli`] the
+//! `svnic-guest` command line.
 
 pub mod agent;
 pub mod channel;
+pub mod cli;
 pub mod control_client;
 pub mod tools;
 pub mod virtio_user;

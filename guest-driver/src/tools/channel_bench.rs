@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 
 use svnic_channels::{ChannelAddr, CompletionStatus, DataRef, Message};
 
+use super::probe::{answer_probe, is_probe};
 use super::stats::{LatencyStats, Throughput};
 use crate::channel::{Channel, ChannelError, Waiter};
 
@@ -98,6 +99,7 @@ pub fn channel_ping(
 }
 
 /// The echo half of [`channel_ping`]: replies to `count` messages with the same kind and size.
+/// Probes ([`super::channel_probe`]) are answered and not counted.
 pub fn channel_echo(
     ch: &mut Channel,
     kind: PingKind,
@@ -124,6 +126,7 @@ pub fn channel_echo(
             match recv_one(ch, waiter, Duration::from_secs(30), &mut buf)? {
                 Message::Completion(c) if c.status == CompletionStatus::Ok => continue,
                 Message::Completion(c) => return Err(failed(format!("echo {i}: {}", c.status))),
+                Message::UserData(u) if is_probe(&u) => answer_probe(ch, u.peer)?,
                 m => break m,
             }
         };
@@ -154,7 +157,8 @@ pub fn channel_echo(
 }
 
 /// Streams `count` user-data messages of `size` bytes to `peer` as fast as the TX ring allows,
-/// flushing once per batch. Returns when all are queued and flushed.
+/// flushing once per batch. Returns when the engine has taken every message from the TX ring
+/// (delivered, or an error completion came back), so that the channel may be destroyed.
 pub fn channel_stream_send(
     ch: &mut Channel,
     peer: ChannelAddr,
@@ -184,10 +188,25 @@ pub fn channel_stream_send(
         // The ring is full: let the engine worker (maybe on this very CPU) drain it.
         std::thread::yield_now();
     }
+    let ring = ch.layout().ring_size;
+    while ch.tx_free()? < ring {
+        buf.clear();
+        ch.poll(&mut buf, 256)?;
+        if let Some(Message::Completion(c)) =
+            buf.iter().find(|m| matches!(m, Message::Completion(_)))
+        {
+            return Err(failed(format!("stream: {}", c.status)));
+        }
+        if Instant::now() > deadline {
+            return Err(failed("stream: the engine stopped taking messages".into()));
+        }
+        std::thread::yield_now();
+    }
     Ok(())
 }
 
-/// Receives `count` messages; the clock starts at the first one.
+/// Receives `count` messages; the clock starts at the first one. Probes are answered and not
+/// counted. Fails if nothing arrives for 30 s (before the first) or 10 s (after).
 pub fn channel_stream_recv(
     ch: &mut Channel,
     count: u64,
@@ -197,6 +216,7 @@ pub fn channel_stream_recv(
     let mut got = 0u64;
     let mut bytes = 0u64;
     let mut start = None;
+    let mut last = Instant::now();
     while got < count {
         buf.clear();
         let n = if start.is_none() {
@@ -207,17 +227,26 @@ pub fn channel_stream_recv(
         if n == 0 && start.is_none() {
             return Err(failed("stream: nothing arrived within 30 s".into()));
         }
-        if n > 0 && start.is_none() {
-            start = Some(Instant::now());
-        }
         if n == 0 {
+            if last.elapsed() > Duration::from_secs(10) {
+                return Err(failed(format!(
+                    "stream stalled: {got} of {count} messages in, nothing for 10 s"
+                )));
+            }
             // Nothing yet: give the CPU to the engine worker and the sender.
             std::thread::yield_now();
+        } else {
+            last = Instant::now();
         }
         for m in &buf {
-            if let Message::UserData(u) = m {
-                got += 1;
-                bytes += u64::from(u.len);
+            match m {
+                Message::UserData(u) if is_probe(u) => answer_probe(ch, u.peer)?,
+                Message::UserData(u) => {
+                    start.get_or_insert_with(Instant::now);
+                    got += 1;
+                    bytes += u64::from(u.len);
+                }
+                _ => {}
             }
         }
     }

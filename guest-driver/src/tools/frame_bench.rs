@@ -9,6 +9,9 @@ use super::stats::{LatencyStats, Throughput};
 
 /// EtherType of benchmark frames (IEEE local experimental 2; not svnic's, so they are switched).
 pub const BENCH_ETHERTYPE: u16 = 0x88b6;
+/// Sequence number of probe frames: answered by [`frame_echo`] and [`frame_stream_recv`], never
+/// counted (see [`frame_probe`]).
+pub const PROBE_SEQ: u64 = u64::MAX;
 
 /// A virtio-net port as the benchmarks need it.
 pub trait FramePort {
@@ -36,6 +39,45 @@ fn frame(dst: MacAddr, src: MacAddr, seq: u64, size: usize) -> Vec<u8> {
     f
 }
 
+/// Sends a probe frame to `peer` every 200 ms until one comes back (the peer's echo or sink
+/// runs) or `within` passes. True if the peer answered.
+pub fn frame_probe<P: FramePort>(
+    p: &mut P,
+    peer: MacAddr,
+    within: Duration,
+) -> Result<bool, P::Error> {
+    let deadline = Instant::now() + within;
+    let mut buf = Vec::new();
+    loop {
+        let f = frame(peer, p.mac(), PROBE_SEQ, 8);
+        p.send(&f)?;
+        p.flush()?;
+        let round = Instant::now() + Duration::from_millis(200);
+        while Instant::now() < round {
+            buf.clear();
+            if p.recv(&mut buf)? == 0 {
+                p.wait(Duration::from_millis(20))?;
+                continue;
+            }
+            if buf.iter().any(|f| seq_of(f) == Some(PROBE_SEQ)) {
+                return Ok(true);
+            }
+        }
+        if Instant::now() >= deadline {
+            return Ok(false);
+        }
+    }
+}
+
+/// Returns a probe frame to its sender.
+fn answer_probe<P: FramePort>(p: &mut P, mut f: Vec<u8>) -> Result<(), P::Error> {
+    let (dst, src) = (f[6..12].to_vec(), p.mac());
+    f[0..6].copy_from_slice(&dst);
+    f[6..12].copy_from_slice(&src.0);
+    p.send(&f)?;
+    p.flush()
+}
+
 fn seq_of(f: &[u8]) -> Option<u64> {
     if f.len() < 22 || f[12..14] != BENCH_ETHERTYPE.to_be_bytes() {
         return None;
@@ -45,16 +87,21 @@ fn seq_of(f: &[u8]) -> Option<u64> {
     Some(u64::from_le_bytes(b))
 }
 
+/// The next benchmark frame (not a probe). Probes that arrive are answered when
+/// `answer_probes` (echo side) and dropped otherwise (a late answer to our own probe).
 fn recv_bench<P: FramePort>(
     p: &mut P,
     timeout: Duration,
     buf: &mut Vec<Vec<u8>>,
+    answer_probes: bool,
 ) -> Result<Option<Vec<u8>>, P::Error> {
     let deadline = Instant::now() + timeout;
     loop {
         while let Some(f) = buf.pop() {
-            if seq_of(&f).is_some() {
-                return Ok(Some(f));
+            match seq_of(&f) {
+                Some(PROBE_SEQ) if answer_probes => answer_probe(p, f)?,
+                Some(PROBE_SEQ) | None => {}
+                Some(_) => return Ok(Some(f)),
             }
         }
         if p.recv(buf)? > 0 {
@@ -86,7 +133,7 @@ pub fn frame_ping<P: FramePort>(
             p.flush()?;
         }
         p.flush()?;
-        match recv_bench(p, Duration::from_secs(10), &mut buf)? {
+        match recv_bench(p, Duration::from_secs(10), &mut buf, false)? {
             Some(_) => samples.push(t0.elapsed()),
             None => return Ok(None),
         }
@@ -94,12 +141,13 @@ pub fn frame_ping<P: FramePort>(
     Ok(Some(LatencyStats::from_samples(samples)))
 }
 
-/// The echo half of [`frame_ping`]: returns each benchmark frame to its sender.
+/// The echo half of [`frame_ping`]: returns each benchmark frame to its sender (probes too,
+/// without counting them).
 pub fn frame_echo<P: FramePort>(p: &mut P, count: usize) -> Result<usize, P::Error> {
     let mut buf = Vec::new();
     let mut echoed = 0;
     while echoed < count {
-        let Some(mut f) = recv_bench(p, Duration::from_secs(30), &mut buf)? else {
+        let Some(mut f) = recv_bench(p, Duration::from_secs(30), &mut buf, true)? else {
             break;
         };
         let (dst, src) = (f[6..12].to_vec(), p.mac());
@@ -144,6 +192,17 @@ pub fn frame_stream_recv<P: FramePort>(
     count: u64,
     idle: Duration,
 ) -> Result<Throughput, P::Error> {
+    frame_stream_recv_within(p, count, idle, idle)
+}
+
+/// [`frame_stream_recv`] that waits up to `first_within` for the first frame (the sender may
+/// start later), then stops when nothing came for `idle`. Probes are answered, not counted.
+pub fn frame_stream_recv_within<P: FramePort>(
+    p: &mut P,
+    count: u64,
+    first_within: Duration,
+    idle: Duration,
+) -> Result<Throughput, P::Error> {
     let mut buf = Vec::new();
     let (mut got, mut bytes) = (0u64, 0u64);
     let mut first = None;
@@ -151,14 +210,19 @@ pub fn frame_stream_recv<P: FramePort>(
     while got < count {
         buf.clear();
         if p.recv(&mut buf)? == 0 {
-            if last.elapsed() > idle {
+            let limit = if first.is_some() { idle } else { first_within };
+            if last.elapsed() > limit {
                 break;
             }
             p.wait(Duration::from_millis(10))?;
             continue;
         }
-        for f in &buf {
-            if seq_of(f).is_some() {
+        for f in std::mem::take(&mut buf) {
+            if seq_of(&f) == Some(PROBE_SEQ) {
+                answer_probe(p, f)?;
+                continue;
+            }
+            if seq_of(&f).is_some() {
                 first.get_or_insert_with(Instant::now);
                 got += 1;
                 bytes += (f.len() - 14) as u64;

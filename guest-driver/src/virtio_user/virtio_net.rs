@@ -253,6 +253,14 @@ impl VirtioNet {
         Ok(())
     }
 
+    /// Transmit buffers the device has not finished with yet (after taking back the ones it
+    /// has): 0 means every frame sent so far has left the TX queue.
+    pub fn tx_in_flight(&mut self) -> Result<u16, VirtioUserError> {
+        self.check()?;
+        self.reclaim_tx()?;
+        Ok(self.tx.in_flight())
+    }
+
     /// Queues `frame` (a whole Ethernet frame, no FCS) for transmission and makes it available
     /// to the device. `Ok(false)`: the TX ring is full — call [`VirtioNet::flush`], wait, and
     /// retry. Call `flush` after a batch so the device is notified (once, if it wants to be).

@@ -1,0 +1,25 @@
+//! `svnic-guest`: ping/echo and perf/sink over an svnic channel, virtio-net frames or kernel UDP,
+//! in a VM (through svnic-guestd) or as a host-process guest. See guest-driver/README.md and
+//! `svnic_guest::cli`.
+
+use clap::Parser;
+use svnic_guest::cli::{run, Cli, Command};
+
+fn main() {
+    let cli = Cli::parse();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(&cli.log)).init();
+    let json = match &cli.command {
+        Command::Ping(a) => a.common.json,
+        Command::Echo(a) => a.common.json,
+        Command::Perf(a) => a.common.json,
+        Command::Sink(a) => a.common.json,
+    };
+    match run(&cli.command) {
+        Ok(report) if json => println!("{}", report.json()),
+        Ok(report) => println!("{}", report.text()),
+        Err(e) => {
+            eprintln!("svnic-guest: {e}");
+            std::process::exit(1);
+        }
+    }
+}
