@@ -373,3 +373,36 @@ fn a_killed_application_has_its_channel_destroyed_before_the_memory_is_freed() {
     );
     assert!(at(&AgentEvent::EngineDestroyed { channel: id }) < freed);
 }
+
+#[test]
+fn crash_test_sees_the_endpoint_reclaimed_through_the_agent() {
+    let vm = Vm::start("crashtest");
+    let sock = vm.sock();
+    let free = vm.memory.free_bytes();
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mut args = vec!["crash-test", "--agent", &sock, "--endpoint", "5", "--json"];
+    if root {
+        // Drops root itself (instead of being started as nobody).
+        args.extend(["--user", "65534"]);
+    }
+    let r = tool::spawn("crash-test", &args).finish(LONG).json();
+    assert_eq!(r["tool"], "crash-test");
+    assert!(r["reclaimed_ms"].as_f64().unwrap() > 0.0, "{r}");
+    let pid = r["killed_pid"].as_u64().unwrap();
+    assert!(pid > 0);
+    wait_until("every region freed", || {
+        vm.handle.status().held_regions == 0 && vm.memory.free_bytes() == free
+    });
+    assert_eq!(vm.live_in_engine(), 0);
+    let ev = vm.handle.status().events;
+    // The killed application's channel went through destroy -> acknowledgement -> free.
+    assert!(ev
+        .iter()
+        .any(|e| matches!(e, AgentEvent::AppGone { channels: 1, .. })));
+    let destroyed = ev
+        .iter()
+        .filter(|e| matches!(e, AgentEvent::EngineDestroyed { .. }))
+        .count();
+    assert_eq!(destroyed, 2, "the killed one and crash-test's own: {ev:?}");
+}

@@ -287,3 +287,16 @@ fn errors_are_reported_not_panicked() {
     assert_eq!(f.status.code(), Some(1));
     assert!(f.stderr.contains("at most 40"), "{}", f.stderr);
 }
+
+#[test]
+fn crash_test_in_host_process_mode() {
+    let s = Setup::new("crash");
+    let r = spawn(
+        "crash-test",
+        &["crash-test", "--socket", &s.sock(1), "--json"],
+    )
+    .finish(LONG)
+    .json();
+    assert_eq!(r["mode"], "host-process");
+    assert!(r["reclaimed_ms"].as_f64().unwrap() > 0.0, "{r}");
+}

@@ -58,7 +58,19 @@ pub struct DaemonArgs {
     /// Log level (error, warn, info, debug, trace); RUST_LOG overrides it.
     #[arg(long, default_value = "info")]
     pub log: String,
+    /// Run in the background: start the agent detached (its log in --log-file) and exit 0 once
+    /// it answers on its socket (1 if it does not come up).
+    #[arg(long)]
+    pub background: bool,
+    /// With --background: the agent's log.
+    #[arg(long, default_value = DEFAULT_LOG_FILE)]
+    pub log_file: PathBuf,
 }
+
+/// Where `--background` sends the agent's log.
+pub const DEFAULT_LOG_FILE: &str = "/run/svnic/svnic-guestd.log";
+/// How long `--background` waits for the agent to answer.
+const BACKGROUND_READY: Duration = Duration::from_secs(30);
 
 fn parse_mode(s: &str) -> Result<u32, String> {
     match u32::from_str_radix(s.trim_start_matches("0o"), 8) {
@@ -111,9 +123,74 @@ fn stop_on_signals(stop_fd: i32) -> std::io::Result<()> {
     Ok(())
 }
 
+/// `--background`: starts this program again without `--background`, detached (its own process
+/// group, stdin from /dev/null, stdout and stderr to `--log-file`), and returns its pid once the
+/// agent answers on its socket.
+pub fn spawn_background(args: &DaemonArgs) -> Result<u32, AgentError> {
+    let setup = |what: &str| {
+        let what = what.to_string();
+        move |source| AgentError::Setup { what, source }
+    };
+    if let Some(dir) = args.log_file.parent() {
+        std::fs::create_dir_all(dir).map_err(setup("create the log directory"))?;
+    }
+    let log = std::fs::File::create(&args.log_file)
+        .map_err(setup(&format!("create {}", args.log_file.display())))?;
+    let exe = std::env::current_exe().map_err(setup("find this program"))?;
+    let argv: Vec<std::ffi::OsString> = std::env::args_os()
+        .skip(1)
+        .filter(|a| a != "--background")
+        .collect();
+    use std::os::unix::process::CommandExt;
+    let mut child = std::process::Command::new(exe)
+        .args(argv)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().map_err(setup("log file"))?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .map_err(setup("start the agent"))?;
+    let deadline = std::time::Instant::now() + BACKGROUND_READY;
+    loop {
+        if let Some(status) = child.try_wait().map_err(setup("wait for the agent"))? {
+            return Err(AgentError::Setup {
+                what: format!(
+                    "the agent exited ({status}); see {}",
+                    args.log_file.display()
+                ),
+                source: std::io::Error::other("agent did not start"),
+            });
+        }
+        if crate::vm::AgentClient::connect(&args.socket).is_ok() {
+            return Ok(child.id());
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            return Err(AgentError::Setup {
+                what: format!(
+                    "the agent did not answer on {} within {BACKGROUND_READY:?}; see {}",
+                    args.socket.display(),
+                    args.log_file.display()
+                ),
+                source: std::io::Error::from(std::io::ErrorKind::TimedOut),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Runs the agent as `svnic-guestd` does: finds and opens the NIC, reserves hugepages, serves
 /// until a signal, then destroys every channel and returns.
 pub fn run_daemon(args: &DaemonArgs) -> Result<(), AgentError> {
+    if args.background {
+        let pid = spawn_background(args)?;
+        println!(
+            "svnic-guestd: serving applications on {} (pid {pid}); log in {}",
+            args.socket.display(),
+            args.log_file.display()
+        );
+        return Ok(());
+    }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         warn!(

@@ -52,7 +52,7 @@ use std::time::Duration;
 use svnic_channels::ChannelId;
 use thiserror::Error;
 
-pub use daemon::{run_daemon, DaemonArgs};
+pub use daemon::{run_daemon, spawn_background, DaemonArgs};
 pub use server::{Agent, AgentHandle};
 
 /// Default path of the state file (channels whose memory the agent holds).

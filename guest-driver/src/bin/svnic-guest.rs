@@ -3,17 +3,18 @@
 //! `svnic_guest::cli`.
 
 use clap::Parser;
-use svnic_guest::cli::{run, Cli, Command};
+use svnic_guest::cli::{common_of, drop_privileges, run, Cli};
 
 fn main() {
     let cli = Cli::parse();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(&cli.log)).init();
-    let json = match &cli.command {
-        Command::Ping(a) => a.common.json,
-        Command::Echo(a) => a.common.json,
-        Command::Perf(a) => a.common.json,
-        Command::Sink(a) => a.common.json,
-    };
+    if let Some(uid) = cli.user {
+        if let Err(e) = drop_privileges(uid) {
+            eprintln!("svnic-guest: {e}");
+            std::process::exit(1);
+        }
+    }
+    let json = common_of(&cli.command).json;
     match run(&cli.command) {
         Ok(report) if json => println!("{}", report.json()),
         Ok(report) => println!("{}", report.text()),

@@ -17,6 +17,10 @@ pub struct Cli {
     /// Log level (error, warn, info, debug, trace); RUST_LOG overrides it.
     #[arg(long, global = true, default_value = "warn")]
     pub log: String,
+    /// Drop root first: run as this numeric user id (and group id), e.g. 65534, to show that
+    /// channels need no privileges (the frame path does: it opens a packet socket).
+    #[arg(long, global = true)]
+    pub user: Option<u32>,
 }
 
 /// The tools.
@@ -30,6 +34,9 @@ pub enum Command {
     Perf(PerfArgs),
     /// Receives a `perf` stream: messages/s and bytes/s as received.
     Sink(SinkArgs),
+    /// Kills (SIGKILL) an application holding a channel and waits until its endpoint can be
+    /// created again: the agent (or daemon) destroyed the dead application's channel.
+    CrashTest(CrashTestArgs),
 }
 
 /// Which path a measurement takes.
@@ -169,4 +176,12 @@ pub struct SinkArgs {
     /// frame, udp: stop when nothing arrived for this long once the stream began, ms.
     #[arg(long, default_value_t = 2000)]
     pub idle_ms: u64,
+}
+
+/// `svnic-guest crash-test`.
+#[derive(Debug, Args)]
+pub struct CrashTestArgs {
+    /// Common options (--endpoint is the endpoint the killed application holds; user path).
+    #[command(flatten)]
+    pub common: Common,
 }

@@ -13,8 +13,10 @@
 mod args;
 mod run;
 
-pub use args::{Cli, Command, Common, EchoArgs, PathKind, PerfArgs, PingArgs, SinkArgs};
-pub use run::run;
+pub use args::{
+    Cli, Command, Common, CrashTestArgs, EchoArgs, PathKind, PerfArgs, PingArgs, SinkArgs,
+};
+pub use run::{common_of, drop_privileges, run};
 
 use serde_json::json;
 use thiserror::Error;
@@ -55,6 +57,13 @@ pub enum Outcome {
     Stream(Throughput),
     /// Messages an echo answered.
     Echoed(u64),
+    /// crash-test: the killed application and how long until its endpoint was free again.
+    Reclaimed {
+        /// Process id of the killed application.
+        pid: u32,
+        /// From the kill to a successful create at the same endpoint.
+        after: std::time::Duration,
+    },
 }
 
 /// The result of one run, printed as text or JSON.
@@ -116,6 +125,11 @@ impl Report {
                 t.bytes_per_sec() / 1e6
             ),
             Outcome::Echoed(n) => format!("{head}: answered {n} messages"),
+            Outcome::Reclaimed { pid, after } => format!(
+                "{head}: application pid {pid} killed holding the channel; the endpoint was \
+                 free again after {:.1} ms (its channel was destroyed with the engine)",
+                after.as_secs_f64() * 1e3
+            ),
         }
     }
 
@@ -146,6 +160,10 @@ impl Report {
                 "bytes_per_sec": t.bytes_per_sec(),
             }),
             Outcome::Echoed(n) => json!({ "echoed": n }),
+            Outcome::Reclaimed { pid, after } => json!({
+                "killed_pid": pid,
+                "reclaimed_ms": after.as_secs_f64() * 1e3,
+            }),
         };
         if let (Some(o), serde_json::Value::Object(e)) = (v.as_object_mut(), extra) {
             o.extend(e);
