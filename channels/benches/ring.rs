@@ -11,6 +11,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::hint::black_box;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -67,11 +68,17 @@ fn single_thread(c: &mut Criterion) {
     g.finish();
 }
 
+/// The number of CPUs the process may use, counted once, before any thread pinned itself (a
+/// pinned thread's own count, and that of the threads it spawns, is 1).
+fn ncpu() -> usize {
+    static N: OnceLock<usize> = OnceLock::new();
+    *N.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 /// Pins the calling thread to `cpu` (if the machine has it), so that producer and consumer run
 /// on two different cores, as a guest and the engine do.
 fn pin_to(cpu: usize) {
-    let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if cpu >= ncpu {
+    if cpu >= ncpu() {
         return;
     }
     // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
@@ -134,6 +141,7 @@ fn two_thread_run(r: &SharedRegion, layout: ChannelLayout, n: u64) -> Duration {
 }
 
 fn two_threads(c: &mut Criterion) {
+    ncpu();
     let (r, layout) = region();
     let mut g = c.benchmark_group("ring");
     g.warm_up_time(Duration::from_secs(1))
