@@ -11,8 +11,9 @@ use std::time::Duration;
 use serde_json::json;
 use svnic_channels::{ChannelAddr, MacAddr};
 use svnic_guest::tools::{
-    channel_echo, channel_ping, channel_ping_local, channel_stream_local, frame_echo, frame_ping,
-    frame_stream_recv, frame_stream_send, LatencyStats, PingKind, Throughput,
+    channel_echo, channel_ping, channel_ping_local, channel_stream_local, channel_stream_recv,
+    channel_stream_send, frame_echo, frame_ping, frame_stream_recv, frame_stream_send,
+    LatencyStats, PingKind, Throughput,
 };
 use svnic_guest::virtio_user::HostGuest;
 use svnic_guest::{Channel, WaitPolicy};
@@ -69,6 +70,8 @@ pub struct DemoReport {
     pub virtio: LatencyStats,
     /// Channel streaming of 64-byte user-data messages.
     pub bypass_stream: Throughput,
+    /// Channel streaming, one thread per guest.
+    pub bypass_stream_threads: Throughput,
     /// virtio-net streaming of frames with a 64-byte payload.
     pub virtio_stream: Throughput,
     /// CPU the guests were pinned to (workers on CPU 0), if pinned.
@@ -236,6 +239,19 @@ fn run_guests(
     let bypass_user_threads = measure("channel user-data ping (threads)", ra)?;
     measure("channel user-data echo (threads)", rb)?;
 
+    // 4b. Streaming with one thread per guest.
+    let (ra, rb, b) = pair(
+        &mut a,
+        b,
+        move |g| {
+            let w = g.client.waiter(&g.channel);
+            channel_stream_recv(&mut g.channel, n, &w).map_err(|e| e.to_string())
+        },
+        |g| channel_stream_send(&mut g.channel, b_addr, 40, n),
+    )?;
+    measure("channel stream send (threads)", ra)?;
+    let bypass_stream_threads = measure("channel stream receive (threads)", rb)?;
+
     // 5. virtio-net frame round trip, each guest a thread waiting on its call eventfd.
     let (ra, rb, b) = pair(
         &mut a,
@@ -268,6 +284,7 @@ fn run_guests(
         cpus: opts.cpus,
         guest_cpu,
         bypass_user_threads,
+        bypass_stream_threads,
         bypass_user,
         bypass_dma,
         virtio,
@@ -339,6 +356,10 @@ impl DemoReport {
             "streaming", "msgs/s", "MB/s"
         ));
         s.push_str(&thr("bypass channel, user-data 40 B", &self.bypass_stream));
+        s.push_str(&thr(
+            "bypass, user-data, thread per guest",
+            &self.bypass_stream_threads,
+        ));
         s.push_str(&thr("virtio-net frames, 64 B payload", &self.virtio_stream));
         s.push_str(&format!(
             "\nbypass vs virtio-net: round trip {:.1}x lower, throughput {:.1}x higher ({} of {} frames arrived)\n",
@@ -367,6 +388,7 @@ impl DemoReport {
             },
             "streaming": {
                 "bypass_user_data": thr(&self.bypass_stream),
+                "bypass_user_data_thread_per_guest": thr(&self.bypass_stream_threads),
                 "virtio_net": thr(&self.virtio_stream),
                 "virtio_net_sent": self.virtio_sent,
             },

@@ -584,6 +584,10 @@ fn the_demo_runs_and_reports_every_measurement_as_json() {
         );
     }
     assert_eq!(v["streaming"]["bypass_user_data"]["messages"], 20_000);
+    assert_eq!(
+        v["streaming"]["bypass_user_data_thread_per_guest"]["messages"],
+        20_000
+    );
     assert!(v["streaming"]["virtio_net"]["messages"].as_u64().unwrap() > 0);
     assert!(v["latency_ratio"].as_f64().unwrap() > 0.0);
     assert!(report.to_table().contains("virtio-net frames"));
