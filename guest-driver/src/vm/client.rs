@@ -327,7 +327,7 @@ impl AgentClient {
                 })
             }
         }
-        info!(
+        debug!(
             "connected to svnic-guestd at {} (NIC {}, {} byte regions)",
             path.display(),
             inner.info.mac,
