@@ -11,7 +11,10 @@
 //! the two sides may be started in any order.
 
 mod args;
+mod crash;
+mod frames;
 mod run;
+mod transport;
 
 pub use args::{
     Cli, Command, Common, CrashTestArgs, EchoArgs, PathKind, PerfArgs, PingArgs, SinkArgs,

@@ -1,32 +1,24 @@
 //! Running one tool: the transport (VM agent or host-process guest), the path, the measurement.
 
 use std::net::{SocketAddr, UdpSocket};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use log::warn;
 use svnic_channels::{ChannelAddr, MacAddr};
 
-use super::args::{
-    Command, Common, CrashTestArgs, EchoArgs, PathKind, PerfArgs, PingArgs, SinkArgs,
-};
+use super::args::{Command, Common, EchoArgs, PathKind, PerfArgs, PingArgs, SinkArgs};
+use super::frames::with_frame_port;
+use super::transport::Transport;
 use super::{CliError, Outcome, Report};
-use crate::agent::nic::{find_virtio_nic, PacketSocket};
-use crate::channel::{Channel, WaitPolicy, Waiter};
 use crate::tools::{
     channel_await_probe, channel_dma_stream_recv, channel_dma_stream_send, channel_echo,
-    channel_ping, channel_probe, channel_stream_recv, channel_stream_send, frame_echo, frame_ping,
-    frame_probe, frame_stream_recv_within, frame_stream_send, udp_echo, udp_ping, udp_probe,
-    udp_stream_recv, udp_stream_send, FramePort, PingKind, Throughput, BENCH_ETHERTYPE,
-    MAX_UDP_SIZE,
+    channel_ping, channel_probe, channel_stream_recv, channel_stream_send, udp_echo, udp_ping,
+    udp_probe, udp_stream_recv, udp_stream_send, PingKind, Throughput, MAX_UDP_SIZE,
 };
-use crate::virtio_user::HostGuest;
-use crate::vm::{AgentClient, DEFAULT_AGENT_SOCKET};
 
 /// How long a channel create or destroy may take.
-const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest wait for queued messages or frames to leave before a channel or NIC goes away.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Idle time after which an echo of frames or datagrams gives up between messages.
 const ECHO_IDLE: Duration = Duration::from_secs(30);
 
@@ -37,7 +29,7 @@ pub fn run(cmd: &Command) -> Result<Report, CliError> {
         Command::Echo(a) => echo(a),
         Command::Perf(a) => perf(a),
         Command::Sink(a) => sink(a),
-        Command::CrashTest(a) => crash_test(a),
+        Command::CrashTest(a) => super::crash::crash_test(a),
     }
 }
 
@@ -75,11 +67,11 @@ pub fn drop_privileges(uid: u32) -> Result<(), CliError> {
     Ok(())
 }
 
-fn wait_of(c: &Common) -> Duration {
+pub(super) fn wait_of(c: &Common) -> Duration {
     Duration::from_secs(c.wait)
 }
 
-fn mode(c: &Common) -> &'static str {
+pub(super) fn mode(c: &Common) -> &'static str {
     if c.socket.is_some() {
         "host-process"
     } else {
@@ -93,97 +85,6 @@ fn ready(tool: &str, at: &str, c: &Common) {
         mode(c),
         c.path.name()
     );
-}
-
-/// The channel transport: a host-process guest or a connection to the agent.
-enum Transport {
-    Host(HostGuest),
-    Vm(AgentClient),
-}
-
-impl Transport {
-    /// Connects, retrying until `--wait` passes (the daemon or agent may still be starting).
-    fn connect(c: &Common) -> Result<Self, CliError> {
-        let deadline = Instant::now() + wait_of(c);
-        let (what, path) = match &c.socket {
-            Some(s) => ("host-process guest on", s.clone()),
-            None => (
-                "svnic-guestd at",
-                c.agent
-                    .clone()
-                    .unwrap_or_else(|| PathBuf::from(DEFAULT_AGENT_SOCKET)),
-            ),
-        };
-        loop {
-            let attempt = match &c.socket {
-                Some(s) => HostGuest::connect(s, c.memory_mib << 20)
-                    .map(Transport::Host)
-                    .map_err(|e| e.to_string()),
-                None => AgentClient::connect(&path)
-                    .map(Transport::Vm)
-                    .map_err(|e| e.to_string()),
-            };
-            match attempt {
-                Ok(t) => return Ok(t),
-                Err(e) if Instant::now() >= deadline => {
-                    return Err(CliError::failed(
-                        format!("connect to the {what} {}", path.display()),
-                        e,
-                    ))
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(100)),
-            }
-        }
-    }
-
-    /// Creates this side's channel and its waiter.
-    fn channel(&self, c: &Common) -> Result<(Channel, Box<dyn Waiter>), CliError> {
-        let what = || format!("create a channel at endpoint {}", c.endpoint);
-        let (mut ch, waiter): (Channel, Box<dyn Waiter>) = match self {
-            Transport::Host(g) => {
-                let ch = g
-                    .create_channel(c.endpoint, c.ring_size, CONTROL_TIMEOUT)
-                    .map_err(|e| CliError::failed(what(), e))?;
-                let w = g.waiter(&ch);
-                (ch, Box::new(w))
-            }
-            Transport::Vm(a) => {
-                let ch = a
-                    .create_channel(c.endpoint, c.ring_size, CONTROL_TIMEOUT)
-                    .map_err(|e| CliError::failed(what(), e))?;
-                let w = a.waiter(&ch).map_err(|e| CliError::failed(what(), e))?;
-                (ch, Box::new(w))
-            }
-        };
-        ch.set_wait_policy(WaitPolicy {
-            spins: c.spins,
-            yields: c.yields,
-        });
-        Ok((ch, waiter))
-    }
-
-    /// Destroys the channel (the engine acknowledges before its memory is freed), once the
-    /// engine has taken everything queued on its TX ring: destroying it earlier would drop
-    /// the last messages (a reply, the end of a stream).
-    fn release(&self, mut ch: Channel) {
-        let id = ch.id();
-        let ring = ch.layout().ring_size;
-        let deadline = Instant::now() + DRAIN_TIMEOUT;
-        while ch.tx_free().is_ok_and(|free| free < ring) && Instant::now() < deadline {
-            std::thread::yield_now();
-        }
-        let r = match self {
-            Transport::Host(g) => g
-                .destroy_channel(ch, CONTROL_TIMEOUT)
-                .map_err(|e| e.to_string()),
-            Transport::Vm(a) => a
-                .destroy_channel(ch, CONTROL_TIMEOUT)
-                .map_err(|e| e.to_string()),
-        };
-        if let Err(e) = r {
-            warn!("destroying channel {id}: {e}");
-        }
-    }
 }
 
 fn kind_of(path: PathKind) -> PingKind {
@@ -238,80 +139,6 @@ fn parse_socket_addr(s: &str) -> Result<SocketAddr, CliError> {
             "--peer {s:?}: expected IP:PORT, e.g. 10.0.0.2:7777"
         ))
     })
-}
-
-/// The VM-mode frame port: a raw packet socket on the svnic NIC.
-fn packet_port(c: &Common) -> Result<PacketSocket, CliError> {
-    let iface = match &c.iface {
-        Some(i) => i.clone(),
-        None => find_virtio_nic(std::path::Path::new("/sys"))
-            .map_err(|e| CliError::failed("find the svnic NIC", e))?,
-    };
-    PacketSocket::open(&iface, BENCH_ETHERTYPE)
-        .map_err(|e| CliError::failed("open a packet socket (needs root)", e))
-}
-
-/// Runs `f` on the frame port of the chosen transport.
-fn with_frame_port<R>(
-    c: &Common,
-    f: impl FnOnce(&mut dyn FrameRunner) -> Result<R, CliError>,
-) -> Result<R, CliError> {
-    if c.socket.is_some() {
-        let Transport::Host(mut g) = Transport::connect(c)? else {
-            return Err(CliError::Usage("host-process mode expected".into()));
-        };
-        let r = f(&mut g);
-        // Let the last frames leave the TX queue before the device goes away with this process.
-        let deadline = Instant::now() + DRAIN_TIMEOUT;
-        while g.with_net(|n| n.tx_in_flight()).is_ok_and(|n| n > 0) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        r
-    } else {
-        let mut p = packet_port(c)?;
-        f(&mut p)
-    }
-}
-
-/// The frame measurements over either kind of port (object safe, unlike [`FramePort`]).
-trait FrameRunner {
-    fn mac(&self) -> MacAddr;
-    fn probe(&mut self, peer: MacAddr, within: Duration) -> Result<bool, String>;
-    fn ping(
-        &mut self,
-        peer: MacAddr,
-        size: usize,
-        count: usize,
-    ) -> Result<Option<crate::tools::LatencyStats>, String>;
-    fn echo(&mut self, count: usize) -> Result<usize, String>;
-    fn send(&mut self, peer: MacAddr, size: usize, count: u64) -> Result<(), String>;
-    fn recv(&mut self, count: u64, first: Duration, idle: Duration) -> Result<Throughput, String>;
-}
-
-impl<P: FramePort> FrameRunner for P {
-    fn mac(&self) -> MacAddr {
-        FramePort::mac(self)
-    }
-    fn probe(&mut self, peer: MacAddr, within: Duration) -> Result<bool, String> {
-        frame_probe(self, peer, within).map_err(|e| e.to_string())
-    }
-    fn ping(
-        &mut self,
-        peer: MacAddr,
-        size: usize,
-        count: usize,
-    ) -> Result<Option<crate::tools::LatencyStats>, String> {
-        frame_ping(self, peer, size, count).map_err(|e| e.to_string())
-    }
-    fn echo(&mut self, count: usize) -> Result<usize, String> {
-        frame_echo(self, count).map_err(|e| e.to_string())
-    }
-    fn send(&mut self, peer: MacAddr, size: usize, count: u64) -> Result<(), String> {
-        frame_stream_send(self, peer, size, count).map_err(|e| e.to_string())
-    }
-    fn recv(&mut self, count: u64, first: Duration, idle: Duration) -> Result<Throughput, String> {
-        frame_stream_recv_within(self, count, first, idle).map_err(|e| e.to_string())
-    }
 }
 
 fn udp_socket(bind: &str) -> Result<UdpSocket, CliError> {
@@ -591,125 +418,6 @@ fn sink(a: &SinkArgs) -> Result<Report, CliError> {
         peer: None,
         outcome: Outcome::Stream(t),
     })
-}
-
-fn crash_test(a: &CrashTestArgs) -> Result<Report, CliError> {
-    let c = &a.common;
-    if !matches!(c.path, PathKind::User | PathKind::Dma) {
-        return Err(CliError::Usage(
-            "crash-test needs a channel path (user or dma)".into(),
-        ));
-    }
-    let wait = wait_of(c);
-    let endpoint = c.endpoint.to_string();
-    let mut args: Vec<String> = vec!["echo".into(), "--endpoint".into(), endpoint];
-    match (&c.socket, &c.agent) {
-        (Some(s), _) => args.extend(["--socket".into(), s.display().to_string()]),
-        (None, Some(p)) => args.extend(["--agent".into(), p.display().to_string()]),
-        (None, None) => {}
-    }
-    args.extend([
-        "--count".into(),
-        "1000000000".into(),
-        "--wait".into(),
-        "3600".into(),
-    ]);
-    let exe = std::env::current_exe().map_err(|e| CliError::failed("find this program", e))?;
-    let mut child = std::process::Command::new(exe)
-        .args(&args)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|e| CliError::failed("start the application to kill", e))?;
-    let pid = child.id();
-    let ready = wait_for_ready(&mut child, wait);
-    let local = match ready {
-        Ok(line) => line,
-        Err(e) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(e);
-        }
-    };
-    // SIGKILL: the application dies without destroying anything.
-    let _ = child.kill();
-    let _ = child.wait();
-    let killed = Instant::now();
-    let t = Transport::connect(c)?;
-    let deadline = killed + wait;
-    loop {
-        let attempt = match &t {
-            Transport::Host(g) => g
-                .create_channel(c.endpoint, c.ring_size, CONTROL_TIMEOUT)
-                .map_err(|e| e.to_string()),
-            Transport::Vm(ag) => ag
-                .create_channel(c.endpoint, c.ring_size, CONTROL_TIMEOUT)
-                .map_err(|e| e.to_string()),
-        };
-        match attempt {
-            Ok(ch) => {
-                let after = killed.elapsed();
-                t.release(ch);
-                return Ok(Report {
-                    tool: "crash-test",
-                    mode: mode(c),
-                    path: c.path,
-                    size: 0,
-                    count: 1,
-                    local,
-                    peer: None,
-                    outcome: Outcome::Reclaimed { pid, after },
-                });
-            }
-            Err(e) if Instant::now() >= deadline => {
-                return Err(CliError::failed(
-                    format!(
-                        "endpoint {} still taken {wait:?} after the kill",
-                        c.endpoint
-                    ),
-                    e,
-                ))
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
-        }
-    }
-}
-
-/// Reads the child's stderr until its "ready at ADDR" line; returns ADDR.
-fn wait_for_ready(child: &mut std::process::Child, within: Duration) -> Result<String, CliError> {
-    use std::io::BufRead;
-    let Some(err) = child.stderr.take() else {
-        return Err(CliError::failed(
-            "start the application to kill",
-            "no stderr",
-        ));
-    };
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let deadline = Instant::now() + within;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(line) => {
-                if let Some(rest) = line.split(": ready at ").nth(1) {
-                    return Ok(rest.split(' ').next().unwrap_or(rest).to_string());
-                }
-            }
-            Err(_) => {
-                return Err(CliError::failed(
-                    "start the application to kill",
-                    format!("it did not get a channel within {within:?}"),
-                ))
-            }
-        }
-    }
 }
 
 #[cfg(test)]
