@@ -10,7 +10,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use svnic_backend::admin::{AdminResponse, GuestView};
+use svnic_backend::admin::{AdminResponse, ChannelView, GuestView};
 
 /// The workspace root (where `vm-images/` and `target/` are).
 pub fn repo_root() -> PathBuf {
@@ -279,6 +279,28 @@ impl Svnic {
             Ok(AdminResponse::Guests { guests }) => Ok(guests),
             Ok(other) => Err(format!("svnic ctl guests --json answered {other:?}")),
             Err(e) => Err(format!("svnic ctl guests --json: {e}: {text}")),
+        }
+    }
+
+    /// `svnic ctl channels --json`, parsed.
+    pub fn channels(&self) -> Result<Vec<ChannelView>, String> {
+        let out = Command::new(&self.bin)
+            .args(["ctl", "channels", "--json", "--admin-socket"])
+            .arg(&self.admin)
+            .output()
+            .map_err(|e| format!("cannot run svnic ctl: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            return Err(format!(
+                "svnic ctl channels --json: {}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        match serde_json::from_str::<AdminResponse>(&text) {
+            Ok(AdminResponse::Channels { channels }) => Ok(channels),
+            Ok(other) => Err(format!("svnic ctl channels --json answered {other:?}")),
+            Err(e) => Err(format!("svnic ctl channels --json: {e}: {text}")),
         }
     }
 
