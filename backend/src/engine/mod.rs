@@ -253,7 +253,17 @@ impl Engine {
         }
         // Teardowns begun by someone else (a concurrent destroy) finish in their own call; wait
         // for them so that the memory is dropped last.
+        // (Each channel keeps its own reference to the mapping, so this orders the teardown; it
+        // does not guard the memory. Bounded, so a stuck teardown cannot hang the caller.)
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while !self.inner.control.live_channels_of(guest).is_empty() {
+            if std::time::Instant::now() > deadline {
+                warn!(
+                    "guest {}: channel teardowns still pending after 10 s",
+                    guest.0
+                );
+                break;
+            }
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         lock(&self.inner.guests).remove(&guest);
