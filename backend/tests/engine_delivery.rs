@@ -546,3 +546,41 @@ mod support_raw {
         );
     }
 }
+
+#[test]
+fn a_channel_is_reachable_as_soon_as_its_creation_succeeds() {
+    // The worker loads a routing snapshot per pass; a channel created during a pass is bound in
+    // a newer one. Its peer may send the moment creation returns, and must never get NoRoute.
+    // A busy channel keeps the worker in passes all the time, so many creations land mid-pass.
+    let engine = engine(1);
+    let mut ga = FakeGuest::new(&engine, 1, 16);
+    let mut gb = FakeGuest::new(&engine, 2, 200);
+    let mut busy = ga.open(1);
+    let mut sink = gb.open(1);
+    let sink_addr = sink.addr();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let streamer = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+            while busy.send_user(sink_addr, 0, b"busy", false).unwrap() {}
+            busy.flush().unwrap();
+            out.clear();
+            sink.poll(&mut out, 256).unwrap();
+            busy.poll(&mut out, 256).unwrap();
+        }
+    });
+    let mut a = ga.open(2);
+    for k in 0..60u32 {
+        let b = gb.open(100 + k);
+        a.send_user(b.addr(), u64::from(k), b"hello", true).unwrap();
+        a.flush().unwrap();
+        assert_eq!(
+            one_completion(&mut a, &ga.waker),
+            (u64::from(k), CompletionStatus::Ok, 0),
+            "message to channel {k}, sent as soon as it was created"
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    streamer.join().unwrap();
+}

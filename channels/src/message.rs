@@ -109,19 +109,45 @@ impl RawMessage {
         self.0[OFF_FLAGS]
     }
 
+    /// The destination and flags of a valid user-data message, checked exactly as
+    /// [`RawMessage::decode`] checks user-data, without copying the payload out: the engine's
+    /// forwarding fast path. `None` for every other kind and for invalid user-data (which
+    /// `decode` then explains).
+    #[inline]
+    pub fn user_data_peer(&self) -> Option<(ChannelAddr, u8)> {
+        let valid = self.0[OFF_KIND] == KIND_USER
+            && self.0[OFF_FLAGS] & !(FLAG_COMPLETE | FLAG_WANT_COMPLETION) == 0
+            && usize::from(self.u16_at(OFF_LEN)) <= INLINE_CAPACITY
+            && self.u16_at(OFF_STATUS) == 0;
+        valid.then(|| (self.peer(), self.0[OFF_FLAGS]))
+    }
+
+    /// This message with its peer and flags replaced, everything else (kind, length, cookie,
+    /// payload) kept: how a TX user-data message becomes the RX one (sender as peer, COMPLETE).
+    #[inline]
+    pub fn with_peer_and_flags(&self, peer: ChannelAddr, flags: u8) -> RawMessage {
+        let mut out = *self;
+        out.0[OFF_FLAGS] = flags;
+        out.put_u32(OFF_ENDPOINT, peer.endpoint);
+        out.0[OFF_MAC..OFF_MAC + 6].copy_from_slice(&peer.mac.0);
+        out
+    }
+
+    fn peer(&self) -> ChannelAddr {
+        let mut mac = [0; 6];
+        mac.copy_from_slice(&self.0[OFF_MAC..OFF_MAC + 6]);
+        ChannelAddr {
+            endpoint: self.u32_at(OFF_ENDPOINT),
+            mac: MacAddr(mac),
+        }
+    }
+
     /// Validates and decodes. Never panics, whatever the bytes.
     pub fn decode(&self) -> Result<Message, DecodeError> {
         let kind = self.0[OFF_KIND];
         let flags = self.0[OFF_FLAGS];
         let len = self.u16_at(OFF_LEN);
-        let peer = ChannelAddr {
-            endpoint: self.u32_at(OFF_ENDPOINT),
-            mac: {
-                let mut m = [0; 6];
-                m.copy_from_slice(&self.0[OFF_MAC..OFF_MAC + 6]);
-                MacAddr(m)
-            },
-        };
+        let peer = self.peer();
         let status = self.u16_at(OFF_STATUS);
         let cookie = self.cookie();
         let check_flags = |name: &'static str, allowed: u8| {
@@ -423,6 +449,36 @@ mod tests {
         #[test]
         fn encode_decode_round_trip(m in message()) {
             prop_assert_eq!(m.encode().decode(), Ok(m));
+        }
+
+        #[test]
+        fn user_data_fast_path_agrees_with_decode(
+            mut bytes in any::<[u8; 64]>(),
+            user in any::<bool>(),
+            small in any::<bool>(),
+            peer in addr(),
+            flags in any::<u8>(),
+        ) {
+            // Bias towards user-data with a plausible length, or most inputs are other kinds.
+            if user {
+                bytes[0] = KIND_USER;
+                bytes[1] &= 0x83;
+                if small {
+                    bytes[2] %= 41;
+                    bytes[3] = 0;
+                    bytes[14] = 0;
+                    bytes[15] = 0;
+                }
+            }
+            let raw = RawMessage(bytes);
+            match raw.decode() {
+                Ok(Message::UserData(u)) => {
+                    prop_assert_eq!(raw.user_data_peer(), Some((u.peer, u.flags)));
+                    let rebuilt = Message::UserData(UserData { peer, flags, ..u }).encode();
+                    prop_assert_eq!(raw.with_peer_and_flags(peer, flags), rebuilt);
+                }
+                _ => prop_assert_eq!(raw.user_data_peer(), None),
+            }
         }
 
         #[test]

@@ -198,17 +198,19 @@ impl EngineChannel {
     }
 
     /// Writes completions for this channel's own sends: into the RX ring while there is room,
-    /// the rest into the backlog (flushed on later passes). Publishes and wakes.
-    pub(crate) fn post_completions(&self, completions: &mut Vec<RawMessage>) {
+    /// the rest into the backlog (flushed on later passes). Publishes; returns true if the guest
+    /// is then due a [`EngineChannel::wake_if_sleeping`] check (the caller makes it, once for
+    /// everything it published in a pass).
+    pub(crate) fn post_completions(&self, completions: &mut Vec<RawMessage>) -> bool {
         if completions.is_empty() {
-            return;
+            return false;
         }
         let mem = self.mem();
         let mut rx = self.lock_rx();
         if !rx.open {
             self.counters.add_completions(0, completions.len() as u64);
             completions.clear();
-            return;
+            return false;
         }
         let mut posted = 0;
         let result = (|| -> Result<(), RingError> {
@@ -229,8 +231,11 @@ impl EngineChannel {
         drop(rx);
         self.counters.add_completions(posted, 0);
         match result {
-            Ok(()) => self.wake_if_sleeping(&mem),
-            Err(e) => self.fault(FaultReason::RxIndex, &e),
+            Ok(()) => posted > 0,
+            Err(e) => {
+                self.fault(FaultReason::RxIndex, &e);
+                false
+            }
         }
     }
 

@@ -2,16 +2,22 @@
 //! caller has locked. Pure decisions plus the copy; no waiting, no locking, no completions
 //! written for the sender (the caller batches those).
 //!
-//! - user-data: the 64 bytes are rewritten with the sender's address as peer and published
-//!   COMPLETE in the destination's RX ring;
+//! - user-data: the 64 bytes are copied with the sender's address as peer and COMPLETE as flags
+//!   (nothing else changes, so the message is not decoded and re-encoded) into the destination's
+//!   RX ring;
 //! - DMA-data: the data is copied once, from the sender's data area into the next buffer the
 //!   destination posted, and only then is the RX message written with COMPLETE (the RX index is
 //!   published later, after the copy, so the receiver can never see the message before the data).
+//!
+//! [`DestRun`] keeps a destination locked across consecutive messages to it and publishes its RX
+//! ring once at the end of the run.
+
+use std::sync::{Arc, MutexGuard};
 
 use svnic_channels::message::{FLAG_COMPLETE, FLAG_WANT_COMPLETION};
 use svnic_channels::{
-    ChannelMem, CompletionStatus, DataRef, DmaData, FaultReason, Message, RawMessage, RingError,
-    UserData,
+    ChannelAddr, ChannelMem, CompletionStatus, DataRef, DmaData, FaultReason, Message, RawMessage,
+    RingError,
 };
 use vm_memory::{VolatileMemory, VolatileMemoryError, VolatileSlice};
 
@@ -35,12 +41,47 @@ pub(crate) enum Outcome {
     DestinationBroken(FaultReason, RingError),
 }
 
-/// Delivers `msg` (already validated as user-data or DMA-data from `src`) into `dest`.
-/// `wrote` is set when anything was written into the destination's RX ring (needs a publish).
+/// A TX message, validated, ready to deliver.
+pub(crate) enum Tx<'m> {
+    /// User-data, still in its ring form (see [`RawMessage::user_data_peer`]).
+    User { raw: &'m RawMessage, flags: u8 },
+    /// DMA-data whose source range lies in the sender's data area.
+    Dma(DmaData),
+}
+
+/// Validates a message taken from `src`'s TX ring. Returns it with the peer it is addressed to,
+/// or the status of its error completion (with the peer, when it could be read).
+pub(crate) fn parse_tx<'m>(
+    src: &EngineChannel,
+    raw: &'m RawMessage,
+) -> Result<(Tx<'m>, ChannelAddr), (CompletionStatus, ChannelAddr)> {
+    if let Some((peer, flags)) = raw.user_data_peer() {
+        return Ok((Tx::User { raw, flags }, peer));
+    }
+    match raw.decode() {
+        Ok(Message::DmaData(d)) => {
+            if src
+                .layout
+                .data_range_ok(d.data.offset, d.data.len.into(), false)
+            {
+                Ok((Tx::Dma(d), d.peer))
+            } else {
+                Err((CompletionStatus::AddressOutOfRange, d.peer))
+            }
+        }
+        // User-data is taken by the fast path above whenever it is valid.
+        Ok(_) | Err(_) => Err((CompletionStatus::BadMessage, ChannelAddr::default())),
+    }
+}
+
+/// Delivers `tx` (from `src`, addressed to `peer`) into `dest`. `wrote` is set when anything was
+/// written into the destination's RX ring (needs a publish).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn deliver_locked(
     src: &EngineChannel,
     src_mem: &ChannelMem<'_>,
-    msg: &Message,
+    tx: &Tx<'_>,
+    peer: ChannelAddr,
     dest: &EngineChannel,
     dest_mem: &ChannelMem<'_>,
     rx: &mut RxSide,
@@ -60,28 +101,142 @@ pub(crate) fn deliver_locked(
         Ok(false) => return Outcome::Blocked(CompletionStatus::RingFull),
         Err(e) => return Outcome::DestinationBroken(FaultReason::RxIndex, e),
     }
-    match msg {
-        Message::UserData(u) => {
-            let out = UserData {
-                peer: src.addr,
-                flags: FLAG_COMPLETE,
-                ..*u
-            };
-            match rx.rx.push(dest_mem, &Message::UserData(out).encode()) {
+    match tx {
+        Tx::User { raw, flags } => {
+            match rx
+                .rx
+                .push(dest_mem, &raw.with_peer_and_flags(src.addr, FLAG_COMPLETE))
+            {
                 Ok(_) => *wrote = true,
                 Err(e) => return Outcome::DestinationBroken(FaultReason::RxIndex, e),
             }
-            let completion = (u.flags & FLAG_WANT_COMPLETION != 0)
-                .then(|| completion(u.peer, u.cookie, CompletionStatus::Ok, 0));
+            let completion = (flags & FLAG_WANT_COMPLETION != 0)
+                .then(|| completion(peer, raw.cookie(), CompletionStatus::Ok, 0));
             Outcome::Delivered {
                 completion,
                 bytes: 0,
             }
         }
-        Message::DmaData(d) => deliver_dma(src, src_mem, d, dest, dest_mem, rx, wrote),
-        // The caller only passes user-data and DMA-data.
-        Message::PostBuffer(_) | Message::Completion(_) => {
-            Outcome::Failed(CompletionStatus::BadMessage)
+        Tx::Dma(d) => deliver_dma(src, src_mem, d, dest, dest_mem, rx, wrote),
+    }
+}
+
+/// A destination locked for a run of consecutive messages to it: one lock, one publish, one
+/// wake check per run instead of per message.
+pub(crate) struct DestRun<'d> {
+    pub dest: &'d Arc<EngineChannel>,
+    mem: ChannelMem<'d>,
+    rx: MutexGuard<'d, RxSide>,
+    wrote: bool,
+    messages: u64,
+    bytes: u64,
+}
+
+impl<'d> DestRun<'d> {
+    /// Locks `dest`'s RX side.
+    pub fn open(dest: &'d Arc<EngineChannel>) -> Self {
+        DestRun {
+            dest,
+            mem: dest.mem(),
+            rx: dest.lock_rx(),
+            wrote: false,
+            messages: 0,
+            bytes: 0,
+        }
+    }
+
+    /// True if this run is for `dest`.
+    pub fn is(&self, dest: &Arc<EngineChannel>) -> bool {
+        Arc::ptr_eq(self.dest, dest)
+    }
+
+    /// DMA-data bytes copied in this run so far.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Delivers one message into the locked destination.
+    pub fn deliver(
+        &mut self,
+        src: &EngineChannel,
+        src_mem: &ChannelMem<'_>,
+        tx: &Tx<'_>,
+        peer: ChannelAddr,
+    ) -> Outcome {
+        let outcome = deliver_locked(
+            src,
+            src_mem,
+            tx,
+            peer,
+            self.dest,
+            &self.mem,
+            &mut self.rx,
+            &mut self.wrote,
+        );
+        if let Outcome::Delivered { bytes, .. } = &outcome {
+            self.messages += 1;
+            self.bytes += bytes;
+        }
+        outcome
+    }
+
+    /// Publishes what the run wrote (if the channel is still open), unlocks, counts, and adds
+    /// the destination to `wakes`. A broken RX index faults the destination.
+    pub fn finish(self, wakes: &mut PendingWakes<'d>) {
+        let DestRun {
+            dest,
+            mem,
+            mut rx,
+            wrote,
+            messages,
+            bytes,
+        } = self;
+        if !wrote {
+            return;
+        }
+        let result = if rx.open { rx.rx.publish(&mem) } else { Ok(()) };
+        drop(rx);
+        dest.counters.add_rx(messages, bytes);
+        match result {
+            Ok(()) => wakes.add(dest),
+            Err(e) => dest.fault(FaultReason::RxIndex, &e),
+        }
+    }
+}
+
+/// Destinations published to during a pass whose guests may sleep: each one's flag is checked
+/// (a SeqCst fence and a load, see [`svnic_channels::ChannelMem::peer_sleeping`]) once at the
+/// end of the pass rather than after every publish, so that a pass of many small runs, or of
+/// bulk DMA-data published per copy, does not stall on a fence each time. A wake is at most one
+/// pass late, and a guest only sleeps after it has been idle for a while.
+pub(crate) struct PendingWakes<'d> {
+    list: [Option<&'d Arc<EngineChannel>>; 4],
+}
+
+impl<'d> PendingWakes<'d> {
+    pub fn new() -> Self {
+        PendingWakes { list: [None; 4] }
+    }
+
+    /// Notes that `dest`'s guest is due a wake check (at once if the list is full).
+    pub fn add(&mut self, dest: &'d Arc<EngineChannel>) {
+        for slot in &mut self.list {
+            match slot {
+                Some(d) if Arc::ptr_eq(d, dest) => return,
+                Some(_) => {}
+                None => {
+                    *slot = Some(dest);
+                    return;
+                }
+            }
+        }
+        dest.wake_if_sleeping(&dest.mem());
+    }
+
+    /// Makes the checks.
+    pub fn flush(&mut self) {
+        for dest in self.list.iter_mut().filter_map(Option::take) {
+            dest.wake_if_sleeping(&dest.mem());
         }
     }
 }
@@ -146,6 +301,8 @@ fn deliver_dma(
             // The buffer stays posted: a later, smaller message may fit it.
             return Outcome::Failed(CompletionStatus::BufferTooSmall);
         }
+        // Bulk copies leave the cache time to bring in the next posted buffer meanwhile.
+        rx.post.prefetch(dest_mem, 1);
         let len = d.data.len as usize;
         let copied = src_mem
             .slice()

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use log::{debug, error, info};
 use svnic_channels::layout::header;
 use svnic_channels::{
-    ChannelAddr, ChannelId, CompletionStatus, Consumer, FaultReason, Message, RawMessage, RingKind,
+    ChannelAddr, ChannelId, CompletionStatus, Consumer, FaultReason, RawMessage, RingKind,
 };
 use svnic_control::{RoutingSnapshot, RoutingTable};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -25,7 +25,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::channel::{completion, EngineChannel};
 use super::config::EngineConfig;
 use super::counters::{TxTally, WorkerCounters};
-use super::deliver::{deliver_locked, Outcome};
+use super::deliver::{parse_tx, DestRun, Outcome, PendingWakes};
 use super::Control;
 
 pub(crate) enum Command {
@@ -121,6 +121,12 @@ impl WorkerHandle {
     }
 }
 
+/// A run of deliveries to one destination is published (and its senders' completions posted)
+/// once it has copied this many DMA-data bytes, rather than only at the end of the pass: a copy
+/// of 16 KiB takes about as long as the receiver needs to notice a message and re-post a buffer,
+/// so publishing at this pace keeps bulk transfers pipelined at a negligible cost per byte.
+const PUBLISH_EVERY_BYTES: u64 = 16 << 10;
+
 struct Served {
     ch: Arc<EngineChannel>,
     tx: Consumer,
@@ -145,6 +151,8 @@ struct Worker {
 struct Pass {
     progress: u64,
     blocked: bool,
+    /// Stopped early to look again with a fresher routing table: not idle.
+    retry: bool,
 }
 
 impl Worker {
@@ -160,18 +168,24 @@ impl Worker {
             }
             let mut progress = 0;
             let mut blocked = false;
+            let mut retry = false;
             {
                 let routes = self.control.routes().load();
                 for i in 0..self.served.len() {
                     let p = self.service(i, &routes);
                     progress += p.progress;
                     blocked |= p.blocked;
+                    retry |= p.retry;
                 }
             }
             self.drop_dead();
             if progress > 0 {
                 self.counters.passes.fetch_add(1, Relaxed);
                 self.counters.messages.fetch_add(progress, Relaxed);
+                idle = 0;
+                continue;
+            }
+            if retry {
                 idle = 0;
                 continue;
             }
@@ -293,7 +307,9 @@ impl Worker {
         };
         let mut tally = TxTally::default();
         let mut pass = Pass::default();
-        let mut dirty: Option<(Arc<EngineChannel>, u64, u64)> = None;
+        let mut run: Option<DestRun<'_>> = None;
+        let mut wakes = PendingWakes::new();
+        let mut wake_src = false;
         let mut lookup = RouteLookup {
             snapshot: routes,
             table: self.control.routes(),
@@ -304,19 +320,42 @@ impl Worker {
                 Ok(Some(r)) => r,
                 Ok(None) => break,
                 Err(e) => {
+                    // Unlock first: the destination may be this very channel.
+                    if let Some(r) = run.take() {
+                        r.finish(&mut wakes);
+                    }
                     self.counters.faults.fetch_add(1, Relaxed);
                     src.fault(FaultReason::TxIndex, &e);
                     break;
                 }
             };
-            let (outcome, peer) = route_and_deliver(
-                &src,
-                &mem,
-                &raw,
-                &mut lookup,
-                s.held_since.is_some(),
-                &mut dirty,
-            );
+            s.tx.prefetch(&mem, 1);
+            let (outcome, peer) = match parse_tx(&src, &raw) {
+                Err((status, peer)) => (Outcome::Failed(status), peer),
+                Ok((tx, peer)) => match lookup.cached(&peer) {
+                    Some(dest) => {
+                        if !run.as_ref().is_some_and(|r| r.is(dest)) {
+                            if let Some(r) = run.take() {
+                                r.finish(&mut wakes);
+                            }
+                        }
+                        let r = run.get_or_insert_with(|| DestRun::open(dest));
+                        (r.deliver(&src, &mem, &tx, peer), peer)
+                    }
+                    None if lookup.table_changed() => {
+                        // The pass's snapshot predates a route bound since (a channel created
+                        // while this pass ran, whose Success its peer already saw): leave the
+                        // message for the next pass, which loads the current table.
+                        pass.retry = true;
+                        break;
+                    }
+                    // A message that was waiting for room at a destination since destroyed.
+                    None if s.held_since.is_some() => {
+                        (Outcome::Failed(CompletionStatus::DestinationGone), peer)
+                    }
+                    None => (Outcome::Failed(CompletionStatus::NoRoute), peer),
+                },
+            };
             let cookie = raw.cookie();
             let failed = match outcome {
                 Outcome::Delivered { completion, .. } => {
@@ -324,13 +363,28 @@ impl Worker {
                     if let Some(c) = completion {
                         self.completions.push(c);
                     }
+                    if run
+                        .as_ref()
+                        .is_some_and(|r| r.bytes() >= PUBLISH_EVERY_BYTES)
+                    {
+                        // Bulk DMA-data: let the receiver (and the sender, through its
+                        // completions) see each copy as soon as it is made, so that they can
+                        // re-post and re-send while the next copy runs.
+                        if let Some(r) = run.take() {
+                            r.finish(&mut wakes);
+                        }
+                        wake_src |= src.post_completions(&mut self.completions);
+                    }
                     None
                 }
                 Outcome::Failed(status) => Some(status),
                 Outcome::DestinationBroken(reason, err) => {
-                    if let Some((_, d)) = routes.lookup(&peer) {
+                    // Unlock the destination before faulting it (fault takes its lock).
+                    if let Some(r) = run.take() {
+                        let dest = r.dest;
+                        r.finish(&mut wakes);
                         self.counters.faults.fetch_add(1, Relaxed);
-                        d.fault(reason, &err);
+                        dest.fault(reason, &err);
                     }
                     Some(CompletionStatus::DestinationFaulted)
                 }
@@ -353,19 +407,28 @@ impl Worker {
             s.held_since = None;
             s.tx.skip();
         }
-        if let Err(e) = s.tx.release(&mem) {
+        // Give the TX slots back before publishing at the destination: whoever sees the messages
+        // arrive may count on their slots being free again.
+        let released = s.tx.release(&mem);
+        if let Some(r) = run.take() {
+            r.finish(&mut wakes);
+        }
+        if let Err(e) = released {
             src.fault(FaultReason::TxIndex, &e);
         }
-        publish(dirty);
         pass.progress = tally.taken;
         src.counters.add_tx(&tally);
-        src.post_completions(&mut self.completions);
+        wake_src |= src.post_completions(&mut self.completions);
+        wakes.flush();
+        if wake_src {
+            src.wake_if_sleeping(&mem);
+        }
         pass
     }
 }
 
-/// Where one pass over a channel finds destinations: the snapshot loaded for the pass, the live
-/// table (for a route bound since), and the last route found in the snapshot.
+/// Where one pass over a channel finds destinations: the snapshot loaded for the pass, and the
+/// last route found in it.
 struct RouteLookup<'r> {
     snapshot: &'r RoutingSnapshot<Arc<EngineChannel>>,
     table: &'r RoutingTable<Arc<EngineChannel>>,
@@ -386,102 +449,10 @@ impl<'r> RouteLookup<'r> {
         self.last = Some((*peer, dest));
         Some(dest)
     }
-}
 
-/// Decodes and routes one TX message and delivers it. Returns the outcome and the peer the
-/// message was addressed to (for the completion). `dirty` accumulates the destination whose RX
-/// ring needs publishing; when the destination changes the previous one is published first.
-fn route_and_deliver(
-    src: &Arc<EngineChannel>,
-    mem: &svnic_channels::ChannelMem<'_>,
-    raw: &RawMessage,
-    lookup: &mut RouteLookup<'_>,
-    was_held: bool,
-    dirty: &mut Option<(Arc<EngineChannel>, u64, u64)>,
-) -> (Outcome, ChannelAddr) {
-    let msg = match raw.decode() {
-        Ok(m @ Message::UserData(_)) => m,
-        Ok(m @ Message::DmaData(d)) => {
-            if !src
-                .layout
-                .data_range_ok(d.data.offset, d.data.len.into(), false)
-            {
-                return (Outcome::Failed(CompletionStatus::AddressOutOfRange), d.peer);
-            }
-            m
-        }
-        Ok(_) | Err(_) => {
-            return (
-                Outcome::Failed(CompletionStatus::BadMessage),
-                ChannelAddr::default(),
-            )
-        }
-    };
-    let peer = match &msg {
-        Message::UserData(u) => u.peer,
-        Message::DmaData(d) => d.peer,
-        _ => ChannelAddr::default(),
-    };
-    // The pass's snapshot may predate a route bound since (a channel created while this pass
-    // ran, whose Success its peer already saw): on a miss, look again in the current one.
-    let fresh;
-    let dest = match lookup.cached(&peer) {
-        Some(d) => d,
-        None => {
-            fresh = lookup.table.load_full();
-            match fresh.lookup(&peer) {
-                Some((_, d)) => d,
-                None => {
-                    // A message that was waiting for room at a destination since destroyed.
-                    let status = if was_held {
-                        CompletionStatus::DestinationGone
-                    } else {
-                        CompletionStatus::NoRoute
-                    };
-                    return (Outcome::Failed(status), peer);
-                }
-            }
-        }
-    };
-    if let Some((d, _, _)) = dirty.as_ref() {
-        if !Arc::ptr_eq(d, dest) {
-            publish(dirty.take());
-        }
-    }
-    let dest_mem = dest.mem();
-    let mut wrote = false;
-    let outcome = {
-        let mut rx = dest.lock_rx();
-        deliver_locked(src, mem, &msg, dest, &dest_mem, &mut rx, &mut wrote)
-    };
-    if wrote {
-        let entry = dirty.get_or_insert_with(|| (dest.clone(), 0, 0));
-        if let Outcome::Delivered { bytes, .. } = &outcome {
-            entry.1 += 1;
-            entry.2 += bytes;
-        }
-    }
-    (outcome, peer)
-}
-
-/// Publishes a destination's RX ring (if still open) and wakes its guest if it sleeps.
-fn publish(dirty: Option<(Arc<EngineChannel>, u64, u64)>) {
-    let Some((dest, messages, bytes)) = dirty else {
-        return;
-    };
-    let mem = dest.mem();
-    let result = {
-        let mut rx = dest.lock_rx();
-        if rx.open {
-            rx.rx.publish(&mem)
-        } else {
-            Ok(())
-        }
-    };
-    dest.counters.add_rx(messages, bytes);
-    match result {
-        Ok(()) => dest.wake_if_sleeping(&mem),
-        Err(e) => dest.fault(FaultReason::RxIndex, &e),
+    /// True if the routing table changed since the pass's snapshot was loaded.
+    fn table_changed(&self) -> bool {
+        self.table.generation() != self.snapshot.generation()
     }
 }
 
