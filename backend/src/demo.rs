@@ -69,15 +69,54 @@ pub struct DemoReport {
     /// virtio-net frame round trip (32-byte payload).
     pub virtio: LatencyStats,
     /// Channel streaming of 64-byte user-data messages.
-    pub bypass_stream: Throughput,
+    pub bypass_stream: Repeated,
     /// Channel streaming, one thread per guest.
-    pub bypass_stream_threads: Throughput,
+    pub bypass_stream_threads: Repeated,
     /// virtio-net streaming of frames with a 64-byte payload.
-    pub virtio_stream: Throughput,
+    pub virtio_stream: Repeated,
     /// CPU the guests were pinned to (workers on CPU 0), if pinned.
     pub guest_cpu: Option<u32>,
     /// Frames sent in the virtio-net stream (received may be fewer: the switch drops on full queues).
     pub virtio_sent: u64,
+}
+
+/// Each streaming measurement is made this many times; the report shows the median run and the
+/// spread. One run lasts a fraction of a second, and on a 2-core machine a single run can land
+/// on a moment when the host takes a core away.
+pub const STREAM_RUNS: usize = 3;
+
+/// Slots per ring of the demo's channels: streaming applications size their rings for batches
+/// (the default is 256), and the round trips do not depend on it.
+pub const DEMO_RING_SLOTS: u32 = 1024;
+
+/// A measurement made [`STREAM_RUNS`] times.
+#[derive(Debug, Clone)]
+pub struct Repeated {
+    /// The run with the median rate.
+    pub median: Throughput,
+    /// Messages per second of every run, in the order they were made.
+    pub rates: Vec<f64>,
+}
+
+impl Repeated {
+    /// Makes `runs` (at least 1) measurements with `f` and keeps the median.
+    fn measure<E>(runs: usize, mut f: impl FnMut() -> Result<Throughput, E>) -> Result<Self, E> {
+        let mut all = Vec::with_capacity(runs.max(1));
+        for _ in 0..runs.max(1) {
+            all.push(f()?);
+        }
+        let rates: Vec<f64> = all.iter().map(Throughput::messages_per_sec).collect();
+        all.sort_by(|a, b| a.messages_per_sec().total_cmp(&b.messages_per_sec()));
+        let median = all.swap_remove(all.len() / 2);
+        Ok(Repeated { median, rates })
+    }
+
+    /// Slowest and fastest run, messages per second.
+    pub fn spread(&self) -> (f64, f64) {
+        let min = self.rates.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = self.rates.iter().copied().fold(0.0, f64::max);
+        (min, max)
+    }
 }
 
 /// Polling budget of the demo's clients before they sleep.
@@ -138,7 +177,7 @@ fn connect(socket: &std::path::Path) -> Result<Guest, DemoError> {
     let client = HostGuest::connect(socket, 64 << 20)
         .map_err(|e| DemoError::Setup(format!("{}: {e}", socket.display())))?;
     let mut channel = client
-        .create_channel(1, 256, Duration::from_secs(10))
+        .create_channel(1, DEMO_RING_SLOTS, Duration::from_secs(10))
         .map_err(|e| DemoError::Setup(format!("channel on {}: {e}", socket.display())))?;
     // Busy-poll mode for the measurements: poll (yielding the CPU between polls, so the engine
     // worker and the other guest still run on a 2-core machine) for up to about a second before
@@ -176,6 +215,12 @@ fn pair<RA, RB: Send + 'static>(
         .join()
         .map_err(|_| DemoError::Setup("guest B thread panicked".into()))?;
     Ok((ra, rb, b))
+}
+
+/// Guest B, back from the previous measurement's thread.
+fn take_guest(b: &mut Option<Guest>) -> Result<Guest, DemoError> {
+    b.take()
+        .ok_or_else(|| DemoError::Setup("guest B lost by a failed measurement".into()))
 }
 
 fn run_guests(
@@ -218,10 +263,12 @@ fn run_guests(
             rounds,
         ),
     )?;
-    let bypass_stream = measure(
-        "channel stream",
-        channel_stream_local(&mut a.channel, &mut b.channel, n),
-    )?;
+    let bypass_stream = Repeated::measure(STREAM_RUNS, || {
+        measure(
+            "channel stream",
+            channel_stream_local(&mut a.channel, &mut b.channel, n),
+        )
+    })?;
 
     // 4. The same user-data ping with one thread per guest (each waiting with wait_poll).
     let (ra, rb, b) = pair(
@@ -240,17 +287,22 @@ fn run_guests(
     measure("channel user-data echo (threads)", rb)?;
 
     // 4b. Streaming with one thread per guest.
-    let (ra, rb, b) = pair(
-        &mut a,
-        b,
-        move |g| {
-            let w = g.client.waiter(&g.channel);
-            channel_stream_recv(&mut g.channel, n, &w).map_err(|e| e.to_string())
-        },
-        |g| channel_stream_send(&mut g.channel, b_addr, 40, n),
-    )?;
-    measure("channel stream send (threads)", ra)?;
-    let bypass_stream_threads = measure("channel stream receive (threads)", rb)?;
+    let mut b = Some(b);
+    let bypass_stream_threads = Repeated::measure(STREAM_RUNS, || {
+        let (ra, rb, back) = pair(
+            &mut a,
+            take_guest(&mut b)?,
+            move |g| {
+                let w = g.client.waiter(&g.channel);
+                channel_stream_recv(&mut g.channel, n, &w).map_err(|e| e.to_string())
+            },
+            |g| channel_stream_send(&mut g.channel, b_addr, 40, n),
+        )?;
+        b = Some(back);
+        measure("channel stream send (threads)", ra)?;
+        measure("channel stream receive (threads)", rb)
+    })?;
+    let b = take_guest(&mut b)?;
 
     // 5. virtio-net frame round trip, each guest a thread waiting on its call eventfd.
     let (ra, rb, b) = pair(
@@ -267,17 +319,21 @@ fn run_guests(
 
     // 6. virtio-net streaming.
     let frames = (n / 10).clamp(1000, 200_000);
-    let (ra, rb, _b) = pair(
-        &mut a,
-        b,
-        move |g| {
-            frame_stream_recv(&mut g.client, frames, Duration::from_millis(500))
-                .map_err(|e| e.to_string())
-        },
-        |g| frame_stream_send(&mut g.client, MAC_B, 64, frames),
-    )?;
-    measure("virtio-net stream send", ra)?;
-    let virtio_stream = measure("virtio-net stream receive", rb)?;
+    let mut b = Some(b);
+    let virtio_stream = Repeated::measure(STREAM_RUNS, || {
+        let (ra, rb, back) = pair(
+            &mut a,
+            take_guest(&mut b)?,
+            move |g| {
+                frame_stream_recv(&mut g.client, frames, Duration::from_millis(500))
+                    .map_err(|e| e.to_string())
+            },
+            |g| frame_stream_send(&mut g.client, MAC_B, 64, frames),
+        )?;
+        b = Some(back);
+        measure("virtio-net stream send", ra)?;
+        measure("virtio-net stream receive", rb)
+    })?;
 
     Ok(DemoReport {
         workers: opts.workers,
@@ -306,7 +362,8 @@ impl DemoReport {
 
     /// Channel messages/s divided by virtio-net frames/s.
     pub fn throughput_ratio(&self) -> f64 {
-        self.bypass_stream.messages_per_sec() / self.virtio_stream.messages_per_sec().max(1e-9)
+        self.bypass_stream.median.messages_per_sec()
+            / self.virtio_stream.median.messages_per_sec().max(1e-9)
     }
 
     /// A human table.
@@ -319,13 +376,17 @@ impl DemoReport {
                 us(s.p99)
             )
         };
-        let thr = |name: &str, t: &Throughput| {
+        let thr = |name: &str, r: &Repeated| {
+            let t = &r.median;
+            let (min, max) = r.spread();
             format!(
-                "{name:<34} {:>12.0} {:>10.1}  ({} in {:.3} s)\n",
+                "{name:<34} {:>12.0} {:>10.1}  ({} in {:.3} s; runs {:.2}-{:.2} M/s)\n",
                 t.messages_per_sec(),
                 t.bytes_per_sec() / 1e6,
                 t.messages,
-                t.elapsed.as_secs_f64()
+                t.elapsed.as_secs_f64(),
+                min / 1e6,
+                max / 1e6
             )
         };
         let mut s = String::new();
@@ -353,7 +414,9 @@ impl DemoReport {
         s.push_str(&lat("virtio-net frames, 32 B", &self.virtio));
         s.push_str(&format!(
             "\n{:<34} {:>12} {:>10}\n",
-            "streaming", "msgs/s", "MB/s"
+            format!("streaming (median of {STREAM_RUNS})"),
+            "msgs/s",
+            "MB/s"
         ));
         s.push_str(&thr("bypass channel, user-data 40 B", &self.bypass_stream));
         s.push_str(&thr(
@@ -365,7 +428,7 @@ impl DemoReport {
             "\nbypass vs virtio-net: round trip {:.1}x lower, throughput {:.1}x higher ({} of {} frames arrived)\n",
             self.latency_ratio(),
             self.throughput_ratio(),
-            self.virtio_stream.messages,
+            self.virtio_stream.median.messages,
             self.virtio_sent
         ));
         s
@@ -374,12 +437,17 @@ impl DemoReport {
     /// The same as one JSON object.
     pub fn to_json(&self) -> String {
         let lat = |s: &LatencyStats| json!({"count": s.count, "min_us": us(s.min), "p50_us": us(s.p50), "p99_us": us(s.p99), "mean_us": us(s.mean)});
-        let thr = |t: &Throughput| json!({"messages": t.messages, "bytes": t.bytes, "seconds": t.elapsed.as_secs_f64(), "messages_per_sec": t.messages_per_sec(), "bytes_per_sec": t.bytes_per_sec()});
+        let thr = |r: &Repeated| {
+            let t = &r.median;
+            json!({"messages": t.messages, "bytes": t.bytes, "seconds": t.elapsed.as_secs_f64(), "messages_per_sec": t.messages_per_sec(), "bytes_per_sec": t.bytes_per_sec(), "runs_messages_per_sec": r.rates})
+        };
         json!({
             "mode": "host-process",
             "workers": self.workers,
             "guest_cpu": self.guest_cpu,
             "cpus": self.cpus,
+            "ring_slots": DEMO_RING_SLOTS,
+            "stream_runs": STREAM_RUNS,
             "round_trip": {
                 "bypass_user_data_32": lat(&self.bypass_user),
                 "bypass_dma_data_4096": lat(&self.bypass_dma),

@@ -607,6 +607,25 @@ fn the_demo_runs_and_reports_every_measurement_as_json() {
         20_000
     );
     assert!(v["streaming"]["virtio_net"]["messages"].as_u64().unwrap() > 0);
+    // Every streaming row is the median of STREAM_RUNS runs, all of which are reported.
+    for path in [
+        "bypass_user_data",
+        "bypass_user_data_thread_per_guest",
+        "virtio_net",
+    ] {
+        let runs = v["streaming"][path]["runs_messages_per_sec"]
+            .as_array()
+            .unwrap();
+        assert_eq!(runs.len(), svnic_backend::demo::STREAM_RUNS, "{path}");
+        let mut rates: Vec<f64> = runs.iter().map(|r| r.as_f64().unwrap()).collect();
+        rates.sort_by(f64::total_cmp);
+        let median = v["streaming"][path]["messages_per_sec"].as_f64().unwrap();
+        assert!(
+            (median - rates[rates.len() / 2]).abs() < 1e-6 * median,
+            "{path}: {median} is not the median of {rates:?}"
+        );
+    }
+    assert_eq!(v["ring_slots"], svnic_backend::demo::DEMO_RING_SLOTS);
     assert!(v["latency_ratio"].as_f64().unwrap() > 0.0);
     assert!(report.to_table().contains("virtio-net frames"));
 }

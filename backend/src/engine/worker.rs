@@ -329,7 +329,7 @@ impl Worker {
                     break;
                 }
             };
-            s.tx.prefetch(&mem, 1);
+            s.tx.prefetch(&mem, 4);
             let (outcome, peer) = match parse_tx(&src, &raw) {
                 Err((status, peer)) => (Outcome::Failed(status), peer),
                 Ok((tx, peer)) => match lookup.cached(&peer) {
