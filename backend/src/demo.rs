@@ -161,7 +161,11 @@ pub fn run_demo(opts: &DemoOptions) -> Result<DemoReport, DemoError> {
     let config = DaemonConfig::load(None, &specs, &overrides, Some(dir.join("admin.sock")))
         .map_err(|e| DemoError::Setup(e.to_string()))?;
     let daemon = Daemon::start(&config, false).map_err(|e| DemoError::Setup(e.to_string()))?;
-    let guest_cpu = pin.then(|| (ncpu - 1) as u32);
+    // The engine pins its workers from the first CPU this process may use; the guests go on
+    // the last one.
+    let guest_cpu = pin
+        .then(|| crate::engine::allowed_cpus().last().copied())
+        .flatten();
     let result = run_guests(opts, &sock("a"), &sock("b"), guest_cpu);
     daemon.shutdown();
     let _ = std::fs::remove_dir_all(&dir);
@@ -397,7 +401,7 @@ impl DemoReport {
             self.workers,
             self.cpus,
             match self.guest_cpu {
-                Some(c) => format!("engine worker(s) pinned from CPU 0, guests pinned to CPU {c}"),
+                Some(c) => format!("engine worker(s) pinned from the first CPU allowed, guests to CPU {c}"),
                 None => "nothing pinned".to_string(),
             }
         ));

@@ -14,5 +14,6 @@ pub mod engine;
 pub mod net;
 
 pub use engine::{
-    ChannelInfo, ChannelStats, Engine, EngineConfig, EngineError, GuestWaker, Placement, RunState,
+    allowed_cpus, pin_to_cpu, ChannelInfo, ChannelStats, Engine, EngineConfig, EngineError,
+    GuestWaker, Placement, RunState,
 };

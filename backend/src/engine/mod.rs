@@ -27,7 +27,7 @@ use vm_memory::GuestMemoryMmap;
 pub use channel::{EngineChannel, GuestWaker, RunState};
 pub use config::{ConfigError, EngineConfig, Placement};
 pub use counters::{ChannelStats, WorkerStats};
-pub use worker::pin_to_cpu;
+pub use worker::{allowed_cpus, pin_to_cpu};
 
 use worker::WorkerHandle;
 
@@ -110,10 +110,14 @@ impl Engine {
     pub fn new(config: EngineConfig) -> Result<Self, EngineError> {
         config.validate()?;
         let control = Arc::new(Control::new());
-        let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+        // Worker i goes on the i-th CPU the caller may use (so that `taskset` is respected).
+        let cpus = worker::allowed_cpus();
         let mut workers = Vec::with_capacity(config.workers);
         for i in 0..config.workers {
-            let cpu = config.pin_workers.then_some(i as u32 % ncpu);
+            let cpu = config
+                .pin_workers
+                .then(|| cpus.get(i % cpus.len().max(1)).copied())
+                .flatten();
             workers.push(
                 WorkerHandle::spawn(i, cpu, config.clone(), control.clone())
                     .map_err(EngineError::Spawn)?,
