@@ -88,21 +88,26 @@ for name, workers, what, judged in FORWARD:
         print(f"  {name:36} {per_worker / 1e6:6.2f} M msgs/s per worker = "
               f"{per_worker / TARGET_MSGS:6.1%} of 10 M/s  {verdict(ok):6}  ({what})")
 
+# The target is judged on the streaming row (`engine`: 4 buffers in flight, guests on the other
+# core); `engine_burst` (4 messages queued at once, the worker alone) is shown beside it.
 for size in ["4KiB", "64KiB"]:
-    eng = results.get(f"dma/{size}/engine")
     mc = results.get(f"dma/{size}/memcpy_vec")
     vc = results.get(f"dma/{size}/volatile_copy")
-    if not (eng and mc):
-        continue
-    ratio = eng[2] / mc[2]
-    line = f"  dma/{size:6} engine {eng[2] / 2**30:6.2f} GiB/s = {ratio:6.1%} of memcpy ({mc[2] / 2**30:.2f} GiB/s)"
-    if vc:
-        line += f", {eng[2] / vc[2]:6.1%} of volatile copy ({vc[2] / 2**30:.2f} GiB/s)"
-    if size == "64KiB":
-        ok = ratio >= 0.70
-        missed += [] if ok else [f"dma/{size}"]
-        line += f"  (target 70%) {verdict(ok)}"
-    print(line)
+    for row in ["engine", "engine_burst"]:
+        eng = results.get(f"dma/{size}/{row}")
+        if not (eng and mc):
+            continue
+        ratio = eng[2] / mc[2]
+        line = (f"  dma/{size:6} {row:12} {eng[2] / 2**30:6.2f} GiB/s = {ratio:6.1%} of memcpy "
+                f"({mc[2] / 2**30:.2f} GiB/s)")
+        if vc:
+            line += f", {eng[2] / vc[2]:6.1%} of volatile copy ({vc[2] / 2**30:.2f} GiB/s)"
+        if size == "64KiB":
+            ok = ratio >= 0.70
+            if row == "engine" and not ok:
+                missed.append(f"dma/{size}")
+            line += f"  (target 70%) {verdict(ok)}"
+        print(line)
 
 if missed and os.environ.get("STRICT") == "1":
     sys.exit(2)

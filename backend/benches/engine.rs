@@ -26,6 +26,9 @@
 //!   `VolatileSlice::copy_to_volatile_slice` of the same size. One iteration = one message (or one
 //!   copy); criterion prints bytes/s side by side. The worker polls without pause here (see
 //!   [`spinning_engine`]), as in `forward/user_data_1w_burst` and `_same_core`.
+//! - `dma/<size>/engine_burst`: the worker alone in batches, as `forward/user_data_1w_burst`:
+//!   [`DMA_BURST`] messages queued at once into [`DMA_BURST`] posted buffers, timed until the
+//!   worker has published them all (see [`DmaBench::burst`]).
 //!
 //! Workers are pinned (worker i on CPU i), the bench thread to the last CPU.
 //!
@@ -524,6 +527,83 @@ impl DmaBench {
     }
 }
 
+/// DMA-data messages per burst in [`DmaBench::burst`]: 4 x 64 KiB of destination buffers plus
+/// the source stay within the worker's L2 cache, as the memcpy baseline's buffers do.
+const DMA_BURST: u64 = 4;
+
+impl DmaBench {
+    /// The worker alone, in batches (as `forward/user_data_1w_burst` for user-data): the
+    /// receiver posts [`DMA_BURST`] buffers and the sender queues as many messages (untimed);
+    /// the clock runs from the sender's one publish until the worker has published every
+    /// message into the receiver's RX ring; then both drain (untimed).
+    fn burst(&mut self, n: u64) -> Duration {
+        let data = DataRef {
+            offset: self.src,
+            len: self.size,
+        };
+        let p = &mut self.pair;
+        // The receiver's buffers: those posted in `new` were all consumed by `run` or are still
+        // posted; post a fresh window per burst at the same offsets (4 buffers exist).
+        let base = p.rx.layout().data_offset;
+        let mut wall = Duration::ZERO;
+        let mut left = n;
+        while left > 0 {
+            let k = left.min(DMA_BURST);
+            let rx_base = queue_dma_burst(p, base, self.size, self.credits, k, data);
+            self.credits = self.credits.saturating_sub(k);
+            let start = Instant::now();
+            p.tx.flush().unwrap();
+            while rx_published(p, rx_base) < k {
+                std::hint::spin_loop();
+                assert!(start.elapsed() < STALL, "DMA burst stalled");
+            }
+            wall += start.elapsed();
+            let (mut received, mut completed) = (0, 0);
+            while received < k || completed < k {
+                self.out.clear();
+                p.rx.poll(&mut self.out, 256).unwrap();
+                received += self.out.len() as u64;
+                self.out.clear();
+                p.tx.poll(&mut self.out, 256).unwrap();
+                for m in &self.out {
+                    match m {
+                        Message::Completion(c)
+                            if c.status == svnic_channels::CompletionStatus::Ok =>
+                        {
+                            completed += 1
+                        }
+                        other => panic!("sender got {other:?}"),
+                    }
+                }
+            }
+            left -= k;
+        }
+        wall
+    }
+}
+
+/// Posts buffers (beyond the `already` still posted) so that `k` are, queues `k` DMA-data
+/// messages of `data` without publishing them; returns the receiver's RX head before.
+fn queue_dma_burst(p: &mut Pair, base: u64, size: u32, already: u64, k: u64, data: DataRef) -> u32 {
+    for i in already..k {
+        let buf = DataRef {
+            offset: base + i * u64::from(size),
+            len: size,
+        };
+        assert!(p.rx.post_buffer(i, buf).unwrap());
+    }
+    p.rx.flush().unwrap();
+    let rx_base =
+        p.rx.region()
+            .slice()
+            .load::<u32>(header::RX_HEAD, Ordering::Acquire)
+            .unwrap();
+    for i in 0..k {
+        assert!(p.tx.send_dma(p.dest, i, data).unwrap());
+    }
+    rx_base
+}
+
 fn dma(c: &mut Criterion) {
     pin_bench_thread();
     for (size, name) in [(4u32 << 10, "4KiB"), (64 << 10, "64KiB")] {
@@ -538,6 +618,9 @@ fn dma(c: &mut Criterion) {
 
         let (mut bench, _guests) = DmaBench::new(&e, size);
         g.bench_function("engine", |b| b.iter_custom(|n| bench.run(n)));
+        // `run` leaves every buffer it posted posted again; `burst` takes them as its first
+        // window.
+        g.bench_function("engine_burst", |b| b.iter_custom(|n| bench.burst(n)));
 
         // Both windows page-aligned, like the engine's buffers: with malloc's 16-byte alignment
         // the destination can land 1..63 bytes after the source modulo 4 KiB, where glibc's
