@@ -301,8 +301,10 @@ fn deliver_dma(
             // The buffer stays posted: a later, smaller message may fit it.
             return Outcome::Failed(CompletionStatus::BufferTooSmall);
         }
-        // Bulk copies leave the cache time to bring in the next posted buffer meanwhile.
+        // While the copy runs, the cache can bring in the next posted buffer, and take from the
+        // receiver's core the RX slot this message is written to after the copy.
         rx.post.prefetch(dest_mem, 1);
+        rx.rx.prefetch_next(dest_mem);
         let len = d.data.len as usize;
         let copied = src_mem
             .slice()
