@@ -380,12 +380,13 @@ impl Producer {
         Ok(true)
     }
 
-    /// Hints the CPU to fetch, for writing, the slot the next [`Producer::push`] writes: a
-    /// producer about to spend time elsewhere (a DMA copy) then finds the line in its cache
-    /// instead of waiting for the consumer's core to give it up.
+    /// Hints the CPU to fetch, for writing, the slot `ahead` pushes after the next one (0: the
+    /// one the next [`Producer::push`] writes): a producer about to spend time elsewhere (a DMA
+    /// copy, or the pushes before it) then finds the line in its cache instead of waiting for
+    /// the consumer's core to give it up. Reads nothing, changes nothing.
     #[inline]
-    pub fn prefetch_next(&self, mem: &ChannelMem<'_>) {
-        let off = mem.slot_offset(self.kind, self.head);
+    pub fn prefetch(&self, mem: &ChannelMem<'_>, ahead: u32) {
+        let off = mem.slot_offset(self.kind, self.head.wrapping_add(ahead));
         if let Ok(slot) = mem.mem.get_slice(off, MESSAGE_SIZE) {
             prefetch_line_for_write(slot.ptr_guard().as_ptr());
         }

@@ -304,7 +304,7 @@ fn deliver_dma(
         // While the copy runs, the cache can bring in the next posted buffer, and take from the
         // receiver's core the RX slot this message is written to after the copy.
         rx.post.prefetch(dest_mem, 1);
-        rx.rx.prefetch_next(dest_mem);
+        rx.rx.prefetch(dest_mem, 0);
         let len = d.data.len as usize;
         let copied = src_mem
             .slice()
