@@ -7,8 +7,8 @@ mod support;
 use std::time::Duration;
 
 use support::*;
-use svnic_backend::{Engine, EngineConfig};
-use svnic_channels::{CompletionStatus, DataRef, Message};
+use svnic_backend::Engine;
+use svnic_channels::{ChannelId, CompletionStatus, DataRef, Message};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -62,19 +62,14 @@ fn user_data_arrives_intact_and_in_order_across_guests() {
     let mut rest = Vec::new();
     a.poll(&mut rest, 1000).unwrap();
     assert!(rest.is_empty(), "{rest:?}");
-    let s = engine
-        .channel_stats(svnic_channels::ChannelId(a.id()))
-        .unwrap();
+    let s = engine.channel_stats(ChannelId(a.id())).unwrap();
     assert_eq!((s.tx_taken, s.tx_delivered), (n, n));
 }
 
 #[test]
 fn want_completion_gives_ok_completions_for_user_data() {
     let engine = engine(1);
-    let mut ga = FakeGuest::new(&engine, 1, 8);
-    let mut gb = FakeGuest::new(&engine, 2, 8);
-    let mut a = ga.open(1);
-    let mut b = gb.open(2);
+    let (ga, gb, mut a, mut b) = guest_pair(&engine);
     for i in 0..10 {
         assert!(a.send_user(gb.addr(2), 100 + i, b"x", true).unwrap());
     }
@@ -89,13 +84,17 @@ fn want_completion_gives_ok_completions_for_user_data() {
     );
 }
 
+/// The distinct payload of the `i`th DMA message, `len` bytes.
+fn dma_pattern(i: usize, len: u32) -> Vec<u8> {
+    (0..len)
+        .map(|j| (j as u8).wrapping_mul(7).wrapping_add(i as u8))
+        .collect()
+}
+
 #[test]
 fn dma_data_is_copied_once_intact_and_completed() {
     let engine = engine(2);
-    let mut ga = FakeGuest::new(&engine, 1, 8);
-    let mut gb = FakeGuest::new(&engine, 2, 8);
-    let mut a = ga.open(1);
-    let mut b = gb.open(2);
+    let (ga, gb, mut a, mut b) = guest_pair(&engine);
     let data_a = a.layout().data_offset;
     let data_b = b.layout().data_offset;
     let sizes = [1u32, 63, 64, 65, 1000, 4096, 65536, 200_000];
@@ -117,10 +116,7 @@ fn dma_data_is_copied_once_intact_and_completed() {
     b.flush().unwrap();
     let mut off = data_a;
     for (i, &len) in sizes.iter().enumerate() {
-        let pattern: Vec<u8> = (0..len)
-            .map(|j| (j as u8).wrapping_mul(7).wrapping_add(i as u8))
-            .collect();
-        a.write_data(off, &pattern).unwrap();
+        a.write_data(off, &dma_pattern(i, len)).unwrap();
         assert!(a
             .send_dma(gb.addr(2), 500 + i as u64, DataRef { offset: off, len })
             .unwrap());
@@ -140,10 +136,10 @@ fn dma_data_is_copied_once_intact_and_completed() {
         assert_eq!(d.peer, ga.addr(1));
         let mut buf = vec![0u8; d.data.len as usize];
         b.read_data(d.data.offset, &mut buf).unwrap();
-        let expect: Vec<u8> = (0..sizes[i])
-            .map(|j| (j as u8).wrapping_mul(7).wrapping_add(i as u8))
-            .collect();
-        assert!(buf == expect, "payload of message {i} intact");
+        assert!(
+            buf == dma_pattern(i, sizes[i]),
+            "payload of message {i} intact"
+        );
     }
     let c = completions(&recv_n(&mut a, &ga.waker, posted, T));
     let expect: Vec<_> = (0..posted)
@@ -154,12 +150,7 @@ fn dma_data_is_copied_once_intact_and_completed() {
 
 /// Builds an engine with a short backpressure wait for the error-path tests.
 fn quick_engine() -> Engine {
-    Engine::new(EngineConfig {
-        workers: 1,
-        backpressure_wait: Duration::from_millis(50),
-        ..Default::default()
-    })
-    .unwrap()
+    engine_with_wait(1, Duration::from_millis(50))
 }
 
 fn one_completion(
@@ -171,6 +162,16 @@ fn one_completion(
     got[0]
 }
 
+/// Asserts that `a`'s next messages hold exactly one completion, and that it is `expected`.
+#[track_caller]
+fn assert_one_completion(
+    a: &mut svnic_guest::Channel,
+    waker: &EventWaker,
+    expected: (u64, CompletionStatus, u32),
+) {
+    assert_eq!(one_completion(a, waker), expected);
+}
+
 #[test]
 fn no_route_is_an_error_completion() {
     let engine = quick_engine();
@@ -179,25 +180,20 @@ fn no_route_is_an_error_completion() {
     let mut a = ga.open(1);
     a.send_user(gb.addr(99), 7, b"nobody", false).unwrap();
     a.flush().unwrap();
-    assert_eq!(
-        one_completion(&mut a, &ga.waker),
-        (7, CompletionStatus::NoRoute, 0)
-    );
+    assert_one_completion(&mut a, &ga.waker, (7, CompletionStatus::NoRoute, 0));
 }
 
 #[test]
 fn address_outside_the_data_area_is_an_error_completion() {
     let engine = quick_engine();
-    let mut ga = FakeGuest::new(&engine, 1, 8);
-    let mut gb = FakeGuest::new(&engine, 2, 8);
-    let mut a = ga.open(1);
-    let _b = gb.open(2);
+    let (ga, gb, mut a, _b) = guest_pair(&engine);
     // The client library refuses such a buffer itself; write the message raw, as a hostile
     // guest would, pointing at the channel's own rings.
     support_raw::push_raw_dma(&mut a, gb.addr(2), 8, 0x1000, 64);
-    assert_eq!(
-        one_completion(&mut a, &ga.waker),
-        (8, CompletionStatus::AddressOutOfRange, 0)
+    assert_one_completion(
+        &mut a,
+        &ga.waker,
+        (8, CompletionStatus::AddressOutOfRange, 0),
     );
 }
 
@@ -210,43 +206,22 @@ fn malformed_message_is_an_error_completion() {
     raw[0] = 0x77; // unknown kind
     raw[16..24].copy_from_slice(&42u64.to_le_bytes());
     support_raw::push_raw(&mut a, raw);
-    assert_eq!(
-        one_completion(&mut a, &ga.waker),
-        (42, CompletionStatus::BadMessage, 0)
-    );
+    assert_one_completion(&mut a, &ga.waker, (42, CompletionStatus::BadMessage, 0));
 }
 
 #[test]
 fn no_posted_buffer_within_the_wait_is_an_error_completion() {
     let engine = quick_engine();
-    let mut ga = FakeGuest::new(&engine, 1, 8);
-    let mut gb = FakeGuest::new(&engine, 2, 8);
-    let mut a = ga.open(1);
-    let _b = gb.open(2);
+    let (ga, gb, mut a, _b) = guest_pair(&engine);
     let off = a.layout().data_offset;
-    a.send_dma(
-        gb.addr(2),
-        9,
-        DataRef {
-            offset: off,
-            len: 100,
-        },
-    )
-    .unwrap();
-    a.flush().unwrap();
-    assert_eq!(
-        one_completion(&mut a, &ga.waker),
-        (9, CompletionStatus::NoBuffer, 0)
-    );
+    send_dma_flushed(&mut a, gb.addr(2), 9, off, 100);
+    assert_one_completion(&mut a, &ga.waker, (9, CompletionStatus::NoBuffer, 0));
 }
 
 #[test]
 fn posted_buffer_too_small_is_an_error_completion_and_stays_posted() {
     let engine = quick_engine();
-    let mut ga = FakeGuest::new(&engine, 1, 8);
-    let mut gb = FakeGuest::new(&engine, 2, 8);
-    let mut a = ga.open(1);
-    let mut b = gb.open(2);
+    let (ga, gb, mut a, mut b) = guest_pair(&engine);
     let (da, db) = (a.layout().data_offset, b.layout().data_offset);
     b.post_buffer(
         77,
@@ -257,61 +232,25 @@ fn posted_buffer_too_small_is_an_error_completion_and_stays_posted() {
     )
     .unwrap();
     b.flush().unwrap();
-    a.send_dma(
-        gb.addr(2),
-        10,
-        DataRef {
-            offset: da,
-            len: 100,
-        },
-    )
-    .unwrap();
-    a.flush().unwrap();
-    assert_eq!(
-        one_completion(&mut a, &ga.waker),
-        (10, CompletionStatus::BufferTooSmall, 0)
-    );
+    send_dma_flushed(&mut a, gb.addr(2), 10, da, 100);
+    assert_one_completion(&mut a, &ga.waker, (10, CompletionStatus::BufferTooSmall, 0));
     // The small buffer is still there for a message that fits.
     a.write_data(da, b"0123456789").unwrap();
-    a.send_dma(
-        gb.addr(2),
-        11,
-        DataRef {
-            offset: da,
-            len: 10,
-        },
-    )
-    .unwrap();
-    a.flush().unwrap();
+    send_dma_flushed(&mut a, gb.addr(2), 11, da, 10);
     let got = recv_n(&mut b, &gb.waker, 1, T);
     assert!(matches!(got[0], Message::DmaData(d) if d.cookie == 77 && d.data.len == 10));
-    assert_eq!(
-        one_completion(&mut a, &ga.waker),
-        (11, CompletionStatus::Ok, 10)
-    );
+    assert_one_completion(&mut a, &ga.waker, (11, CompletionStatus::Ok, 10));
 }
 
 #[test]
 fn refused_posted_buffer_is_reported_to_its_owner_and_skipped() {
     let engine = quick_engine();
-    let mut ga = FakeGuest::new(&engine, 1, 8);
-    let mut gb = FakeGuest::new(&engine, 2, 8);
-    let mut a = ga.open(1);
-    let mut b = gb.open(2);
+    let (ga, gb, mut a, mut b) = guest_pair(&engine);
     let (da, db) = (a.layout().data_offset, b.layout().data_offset);
     // A post pointing at the rings (outside the data area), then a good one.
     support_raw::push_raw_post(&mut b, 66, 0x1000, 4096);
     support_raw::push_raw_post(&mut b, 67, db, 4096);
-    a.send_dma(
-        gb.addr(2),
-        12,
-        DataRef {
-            offset: da,
-            len: 16,
-        },
-    )
-    .unwrap();
-    a.flush().unwrap();
+    send_dma_flushed(&mut a, gb.addr(2), 12, da, 16);
     let got = recv_n(&mut b, &gb.waker, 2, T);
     assert_eq!(
         completions(&got),
@@ -320,21 +259,13 @@ fn refused_posted_buffer_is_reported_to_its_owner_and_skipped() {
     assert!(got
         .iter()
         .any(|m| matches!(m, Message::DmaData(d) if d.cookie == 67)));
-    assert_eq!(
-        one_completion(&mut a, &ga.waker),
-        (12, CompletionStatus::Ok, 16)
-    );
+    assert_one_completion(&mut a, &ga.waker, (12, CompletionStatus::Ok, 16));
 }
 
 #[test]
 fn full_ring_applies_backpressure_then_delivers() {
     // Wait long enough for the receiver to catch up: nothing is lost, nothing errors.
-    let engine = Engine::new(EngineConfig {
-        workers: 1,
-        backpressure_wait: Duration::from_secs(5),
-        ..Default::default()
-    })
-    .unwrap();
+    let engine = engine_with_wait(1, Duration::from_secs(5));
     let mut ga = FakeGuest::new(&engine, 1, 8);
     let mut gb = FakeGuest::new(&engine, 2, 8);
     let mut a = ga.open_with(1, 16, 1 << 20).unwrap();
@@ -357,9 +288,7 @@ fn full_ring_applies_backpressure_then_delivers() {
     let mut errs = Vec::new();
     a.poll(&mut errs, 100).unwrap();
     assert!(errs.is_empty(), "no error completions: {errs:?}");
-    let s = engine
-        .channel_stats(svnic_channels::ChannelId(a.id()))
-        .unwrap();
+    let s = engine.channel_stats(ChannelId(a.id())).unwrap();
     assert!(
         s.backpressure_holds > 0,
         "the sender was held at least once"
@@ -384,9 +313,7 @@ fn full_ring_for_the_whole_wait_is_an_error_completion() {
             .map(|i| (i, CompletionStatus::RingFull, 0))
             .collect::<Vec<_>>()
     );
-    let s = engine
-        .channel_stats(svnic_channels::ChannelId(a.id()))
-        .unwrap();
+    let s = engine.channel_stats(ChannelId(a.id())).unwrap();
     assert_eq!(
         (
             s.tx_taken,
@@ -399,72 +326,50 @@ fn full_ring_for_the_whole_wait_is_an_error_completion() {
 
 #[test]
 fn destination_destroyed_while_held_is_destination_gone() {
-    let engine = Engine::new(EngineConfig {
-        workers: 1,
-        backpressure_wait: Duration::from_secs(30),
-        ..Default::default()
-    })
-    .unwrap();
-    let mut ga = FakeGuest::new(&engine, 1, 8);
-    let mut gb = FakeGuest::new(&engine, 2, 8);
-    let mut a = ga.open(1);
-    let b = gb.open(2);
+    let engine = engine_with_wait(1, Duration::from_secs(30));
+    let (ga, gb, mut a, b) = guest_pair(&engine);
     let off = a.layout().data_offset;
     // No buffer posted: the DMA message waits (30 s) ...
-    a.send_dma(
-        gb.addr(2),
-        13,
-        DataRef {
-            offset: off,
-            len: 8,
-        },
-    )
-    .unwrap();
-    a.flush().unwrap();
+    send_dma_flushed(&mut a, gb.addr(2), 13, off, 8);
     std::thread::sleep(Duration::from_millis(50));
     assert!(
         engine
-            .channel_stats(svnic_channels::ChannelId(a.id()))
+            .channel_stats(ChannelId(a.id()))
             .unwrap()
             .backpressure_holds
             > 0
     );
     // ... until its destination is destroyed.
     engine
-        .destroy_channel(Some(gb.id), svnic_channels::ChannelId(b.id()))
+        .destroy_channel(Some(gb.id), ChannelId(b.id()))
         .unwrap();
-    assert_eq!(
-        one_completion(&mut a, &ga.waker),
-        (13, CompletionStatus::DestinationGone, 0)
+    assert_one_completion(
+        &mut a,
+        &ga.waker,
+        (13, CompletionStatus::DestinationGone, 0),
     );
     // Later sends to it have no route.
     a.send_user(gb.addr(2), 14, b"x", false).unwrap();
     a.flush().unwrap();
-    assert_eq!(
-        one_completion(&mut a, &ga.waker),
-        (14, CompletionStatus::NoRoute, 0)
-    );
+    assert_one_completion(&mut a, &ga.waker, (14, CompletionStatus::NoRoute, 0));
 }
 
 #[test]
 fn faulted_destination_is_an_error_completion() {
     let engine = quick_engine();
-    let mut ga = FakeGuest::new(&engine, 1, 8);
-    let mut gb = FakeGuest::new(&engine, 2, 8);
-    let mut a = ga.open(1);
-    let b = gb.open(2);
+    let (ga, gb, mut a, b) = guest_pair(&engine);
     // B scribbles an impossible TX index: its worker faults it.
     support_raw::scribble(&b, svnic_channels::layout::header::TX_HEAD, 100_000);
     support::wait_until(T, || {
-        engine.run_state(svnic_channels::ChannelId(b.id()))
-            == Some(svnic_backend::RunState::Faulted)
+        engine.run_state(ChannelId(b.id())) == Some(svnic_backend::RunState::Faulted)
     });
     assert!(b.fault().is_some(), "fault recorded in the header");
     a.send_user(gb.addr(2), 15, b"x", false).unwrap();
     a.flush().unwrap();
-    assert_eq!(
-        one_completion(&mut a, &ga.waker),
-        (15, CompletionStatus::DestinationFaulted, 0)
+    assert_one_completion(
+        &mut a,
+        &ga.waker,
+        (15, CompletionStatus::DestinationFaulted, 0),
     );
 }
 

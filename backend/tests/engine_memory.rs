@@ -10,9 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::*;
-use svnic_backend::{Engine, EngineConfig, GuestWaker, RunState};
-use svnic_channels::{ChannelId, CompletionStatus, DataRef, FailureReason, Message, SharedRegion};
-use svnic_control::GuestPolicy;
+use svnic_backend::{Engine, GuestWaker, RunState};
+use svnic_channels::{
+    ChannelAddr, ChannelId, CompletionStatus, FailureReason, Message, SharedRegion,
+};
+use svnic_control::{CreateRequest, GuestPolicy};
 use svnic_guest::Channel;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
 
@@ -42,6 +44,26 @@ struct VhostGuest {
     waker: Arc<EventWaker>,
 }
 
+impl VhostGuest {
+    fn addr(&self, endpoint: u32) -> ChannelAddr {
+        ChannelAddr {
+            mac: self.mac,
+            endpoint,
+        }
+    }
+
+    /// A request for a channel on `endpoint`: 64 slots, 1 MiB region at `region_addr`.
+    fn request(&self, endpoint: u32, region_addr: u64) -> CreateRequest {
+        CreateRequest {
+            mac: self.mac,
+            endpoint,
+            ring_size: 64,
+            region_addr,
+            region_len: 1 << 20,
+        }
+    }
+}
+
 fn vhost_guest(engine: &Engine, n: u8) -> VhostGuest {
     let waker = EventWaker::new();
     let id = engine
@@ -65,43 +87,46 @@ fn open(
     endpoint: u32,
     addr: u64,
 ) -> Channel {
-    let req = svnic_control::CreateRequest {
-        mac: g.mac,
-        endpoint,
-        ring_size: 64,
-        region_addr: addr,
-        region_len: 1 << 20,
-    };
-    engine.create_channel(g.id, &req).unwrap();
+    engine
+        .create_channel(g.id, &g.request(endpoint, addr))
+        .unwrap();
     let region = SharedRegion::from_guest_memory(mem.clone(), addr, 1 << 20).unwrap();
     Channel::attach(
         region,
-        svnic_channels::ChannelAddr {
-            mac: g.mac,
-            endpoint,
-        },
+        g.addr(endpoint),
         Arc::new(EngineDoorbell(engine.clone())),
     )
     .unwrap()
+}
+
+/// Maps `g`'s memory file anew and sets it as `g`'s memory table (as on SET_MEM_TABLE).
+fn set_table(engine: &Engine, g: &VhostGuest) -> Arc<GuestMemoryMmap> {
+    let mem = table(&g.file);
+    engine.set_guest_memory(g.id, Some(mem.clone())).unwrap();
+    mem
+}
+
+/// Guests 1 and 2 with their memory tables set and one channel each, as `(ga, gb, a, b)`: `a` on
+/// guest 1's endpoint 1 (region at 2 MiB), `b` on guest 2's endpoint 2 (region at 4 MiB).
+fn live_pair(engine: &Engine) -> (VhostGuest, VhostGuest, Channel, Channel) {
+    let ga = vhost_guest(engine, 1);
+    let gb = vhost_guest(engine, 2);
+    let (ma, mb) = (set_table(engine, &ga), set_table(engine, &gb));
+    let a = open(engine, &ga, &ma, 1, 2 << 20);
+    let b = open(engine, &gb, &mb, 2, 4 << 20);
+    (ga, gb, a, b)
 }
 
 #[test]
 fn a_create_before_the_memory_table_fails_and_allocates_nothing() {
     let engine = engine(1);
     let g = vhost_guest(&engine, 1);
-    let req = svnic_control::CreateRequest {
-        mac: g.mac,
-        endpoint: 1,
-        ring_size: 64,
-        region_addr: 0,
-        region_len: 1 << 20,
-    };
+    let req = g.request(1, 0);
     assert_eq!(
         engine.create_channel(g.id, &req),
         Err(FailureReason::RegionOutsideMemory)
     );
-    let mem = table(&g.file);
-    engine.set_guest_memory(g.id, Some(mem)).unwrap();
+    set_table(&engine, &g);
     assert!(
         engine.create_channel(g.id, &req).is_ok(),
         "the endpoint was not left reserved"
@@ -111,28 +136,11 @@ fn a_create_before_the_memory_table_fails_and_allocates_nothing() {
 #[test]
 fn a_resent_table_over_the_same_pages_keeps_channels_running() {
     let engine = engine(1);
-    let ga = vhost_guest(&engine, 1);
-    let gb = vhost_guest(&engine, 2);
-    let (ma, mb) = (table(&ga.file), table(&gb.file));
-    engine.set_guest_memory(ga.id, Some(ma.clone())).unwrap();
-    engine.set_guest_memory(gb.id, Some(mb.clone())).unwrap();
-    let mut a = open(&engine, &ga, &ma, 1, 2 << 20);
-    let mut b = open(&engine, &gb, &mb, 2, 4 << 20);
+    let (_ga, gb, mut a, mut b) = live_pair(&engine);
     // The frontend re-sends its table: new fds, new mappings, same file.
-    engine
-        .set_guest_memory(gb.id, Some(table(&gb.file)))
-        .unwrap();
+    set_table(&engine, &gb);
     assert_eq!(engine.run_state(ChannelId(b.id())), Some(RunState::Live));
-    a.send_user(
-        svnic_channels::ChannelAddr {
-            mac: gb.mac,
-            endpoint: 2,
-        },
-        5,
-        b"still",
-        false,
-    )
-    .unwrap();
+    a.send_user(gb.addr(2), 5, b"still", false).unwrap();
     a.flush().unwrap();
     let got = recv_n(&mut b, &gb.waker, 1, T);
     assert!(matches!(got[0], Message::UserData(u) if u.data() == b"still"));
@@ -141,13 +149,7 @@ fn a_resent_table_over_the_same_pages_keeps_channels_running() {
 #[test]
 fn a_table_over_other_pages_faults_the_channels_it_moved() {
     let engine = engine(1);
-    let ga = vhost_guest(&engine, 1);
-    let gb = vhost_guest(&engine, 2);
-    let (ma, mb) = (table(&ga.file), table(&gb.file));
-    engine.set_guest_memory(ga.id, Some(ma.clone())).unwrap();
-    engine.set_guest_memory(gb.id, Some(mb.clone())).unwrap();
-    let mut a = open(&engine, &ga, &ma, 1, 2 << 20);
-    let b = open(&engine, &gb, &mb, 2, 4 << 20);
+    let (ga, gb, mut a, b) = live_pair(&engine);
     let other = memfd();
     engine.set_guest_memory(gb.id, Some(table(&other))).unwrap();
     assert_eq!(engine.run_state(ChannelId(b.id())), Some(RunState::Faulted));
@@ -156,16 +158,7 @@ fn a_table_over_other_pages_faults_the_channels_it_moved() {
         "{:?}",
         b.fault()
     );
-    a.send_user(
-        svnic_channels::ChannelAddr {
-            mac: gb.mac,
-            endpoint: 2,
-        },
-        6,
-        b"x",
-        false,
-    )
-    .unwrap();
+    a.send_user(gb.addr(2), 6, b"x", false).unwrap();
     a.flush().unwrap();
     let got = recv_n(&mut a, &ga.waker, 1, T);
     assert!(
@@ -175,34 +168,11 @@ fn a_table_over_other_pages_faults_the_channels_it_moved() {
 
 #[test]
 fn memory_gone_destroys_channels_and_fails_messages_in_flight_to_them() {
-    let engine = Engine::new(EngineConfig {
-        workers: 2,
-        backpressure_wait: Duration::from_secs(30),
-        ..Default::default()
-    })
-    .unwrap();
-    let ga = vhost_guest(&engine, 1);
-    let gb = vhost_guest(&engine, 2);
-    let (ma, mb) = (table(&ga.file), table(&gb.file));
-    engine.set_guest_memory(ga.id, Some(ma.clone())).unwrap();
-    engine.set_guest_memory(gb.id, Some(mb.clone())).unwrap();
-    let mut a = open(&engine, &ga, &ma, 1, 2 << 20);
-    let b = open(&engine, &gb, &mb, 2, 4 << 20);
+    let engine = engine_with_wait(2, Duration::from_secs(30));
+    let (ga, gb, mut a, b) = live_pair(&engine);
     // A DMA message waits for a buffer B will never post.
     let off = a.layout().data_offset;
-    a.send_dma(
-        svnic_channels::ChannelAddr {
-            mac: gb.mac,
-            endpoint: 2,
-        },
-        7,
-        DataRef {
-            offset: off,
-            len: 8,
-        },
-    )
-    .unwrap();
-    a.flush().unwrap();
+    send_dma_flushed(&mut a, gb.addr(2), 7, off, 8);
     wait_until(T, || {
         engine
             .channel_stats(ChannelId(a.id()))
@@ -218,19 +188,9 @@ fn memory_gone_destroys_channels_and_fails_messages_in_flight_to_them() {
         matches!(got[0], Message::Completion(c) if c.cookie == 7 && c.status == CompletionStatus::DestinationGone)
     );
     // B reconnects and creates the same endpoint again.
-    let mb2 = table(&gb.file);
-    engine.set_guest_memory(gb.id, Some(mb2.clone())).unwrap();
+    let mb2 = set_table(&engine, &gb);
     let mut b2 = open(&engine, &gb, &mb2, 2, 4 << 20);
-    a.send_user(
-        svnic_channels::ChannelAddr {
-            mac: gb.mac,
-            endpoint: 2,
-        },
-        8,
-        b"again",
-        false,
-    )
-    .unwrap();
+    a.send_user(gb.addr(2), 8, b"again", false).unwrap();
     a.flush().unwrap();
     assert_eq!(recv_n(&mut b2, &gb.waker, 1, T)[0].cookie(), 8);
 }

@@ -138,16 +138,8 @@ fn a_faulted_channel_does_not_disturb_the_others() {
 
 #[test]
 fn destroy_while_traffic_flows_accounts_for_every_message() {
-    let engine = Engine::new(EngineConfig {
-        workers: 2,
-        backpressure_wait: Duration::from_millis(20),
-        ..Default::default()
-    })
-    .unwrap();
-    let mut ga = FakeGuest::new(&engine, 1, 8);
-    let mut gb = FakeGuest::new(&engine, 2, 8);
-    let mut a = ga.open(1);
-    let mut b = gb.open(2);
+    let engine = engine_with_wait(2, Duration::from_millis(20));
+    let (ga, gb, mut a, mut b) = guest_pair(&engine);
     let b_id = ChannelId(b.id());
     let n = 20_000u64;
     let mut sent = 0;
@@ -226,10 +218,7 @@ fn no_wakeup_is_lost_across_many_sleep_wake_transitions() {
         ..Default::default()
     })
     .unwrap();
-    let mut ga = FakeGuest::new(&engine, 1, 8);
-    let mut gb = FakeGuest::new(&engine, 2, 8);
-    let mut a = ga.open(1);
-    let mut b = gb.open(2);
+    let (ga, gb, mut a, mut b) = guest_pair(&engine);
     // Clients sleep as soon as nothing is there: every round is a sleep/wake transition.
     let eager = svnic_guest::WaitPolicy {
         spins: 0,

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use svnic_backend::{Engine, EngineConfig, GuestWaker};
 use svnic_channels::layout::DEFAULT_REGION_LEN;
-use svnic_channels::{ChannelAddr, ChannelId, FailureReason, MacAddr, Message, SharedRegion};
+use svnic_channels::{
+    ChannelAddr, ChannelId, DataRef, FailureReason, MacAddr, Message, SharedRegion,
+};
 use svnic_control::{CreateRequest, GuestId, GuestPolicy};
 use svnic_guest::{Channel, Doorbell, Waiter};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
@@ -56,6 +58,16 @@ impl Waiter for EventWaker {
 pub fn engine(workers: usize) -> Engine {
     Engine::new(EngineConfig {
         workers,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+/// An engine whose held messages wait at most `backpressure_wait` for room at their destination.
+pub fn engine_with_wait(workers: usize, backpressure_wait: Duration) -> Engine {
+    Engine::new(EngineConfig {
+        workers,
+        backpressure_wait,
         ..Default::default()
     })
     .unwrap()
@@ -170,6 +182,22 @@ impl FakeGuest {
         )
         .unwrap()
     }
+}
+
+/// Guests 1 and 2 (8 MiB each) with one default channel each, as `(ga, gb, a, b)`: channel `a` on
+/// guest 1's endpoint 1, channel `b` on guest 2's endpoint 2.
+pub fn guest_pair(engine: &Engine) -> (FakeGuest, FakeGuest, Channel, Channel) {
+    let mut ga = FakeGuest::new(engine, 1, 8);
+    let mut gb = FakeGuest::new(engine, 2, 8);
+    let a = ga.open(1);
+    let b = gb.open(2);
+    (ga, gb, a, b)
+}
+
+/// Sends a DMA-data message of `len` bytes at `offset` of `ch`'s region to `dest`, and flushes.
+pub fn send_dma_flushed(ch: &mut Channel, dest: ChannelAddr, cookie: u64, offset: u64, len: u32) {
+    ch.send_dma(dest, cookie, DataRef { offset, len }).unwrap();
+    ch.flush().unwrap();
 }
 
 /// Polls `ch` until `n` messages arrived or `timeout` passes (adaptive wait on the guest's waker).
