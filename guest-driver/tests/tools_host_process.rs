@@ -68,6 +68,26 @@ fn peer(path: &str) -> String {
     }
 }
 
+/// Starts `tool` (ping or perf) on guest socket `sock`, aimed at guest 2 over `path`, for
+/// `count` messages, with JSON output.
+fn spawn_initiator(tool: &str, sock: &str, path: &str, count: &str) -> tool::Tool {
+    spawn(
+        &format!("{tool} {path}"),
+        &[
+            tool,
+            "--socket",
+            sock,
+            "--path",
+            path,
+            "--peer",
+            &peer(path),
+            "--count",
+            count,
+            "--json",
+        ],
+    )
+}
+
 #[test]
 fn ping_and_echo_over_every_path() {
     let s = Setup::new("ping");
@@ -82,21 +102,7 @@ fn ping_and_echo_over_every_path() {
         );
         let ready = echo.wait_ready(LONG);
         assert!(ready.contains("host-process"), "{ready}");
-        let ping = spawn(
-            &format!("ping {path}"),
-            &[
-                "ping",
-                "--socket",
-                &g1,
-                "--path",
-                path,
-                "--peer",
-                &peer(path),
-                "--count",
-                count,
-                "--json",
-            ],
-        );
+        let ping = spawn_initiator("ping", &g1, path, count);
         let p = ping.finish(LONG).json();
         assert_eq!(
             (p["tool"].as_str(), p["path"].as_str()),
@@ -140,21 +146,7 @@ fn perf_and_sink_over_every_path() {
             ],
         );
         sink.wait_ready(LONG);
-        let perf = spawn(
-            &format!("perf {path}"),
-            &[
-                "perf",
-                "--socket",
-                &g1,
-                "--path",
-                path,
-                "--peer",
-                &peer(path),
-                "--count",
-                &n,
-                "--json",
-            ],
-        );
+        let perf = spawn_initiator("perf", &g1, path, &n);
         let p = perf.finish(LONG).json();
         assert_eq!(p["messages"], count);
         assert!(p["messages_per_sec"].as_f64().unwrap() > 0.0, "{p}");

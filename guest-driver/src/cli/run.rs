@@ -6,9 +6,10 @@ use std::time::{Duration, Instant};
 use svnic_channels::{ChannelAddr, MacAddr};
 
 use super::args::{Command, Common, EchoArgs, PathKind, PerfArgs, PingArgs, SinkArgs};
-use super::frames::with_frame_port;
+use super::frames::{with_frame_port, FrameRunner};
 use super::transport::Transport;
 use super::{CliError, Outcome, Report};
+use crate::channel::{Channel, Waiter};
 use crate::tools::{
     channel_await_probe, channel_dma_stream_recv, channel_dma_stream_send, channel_echo,
     channel_ping, channel_probe, channel_stream_recv, channel_stream_send, udp_echo, udp_ping,
@@ -145,62 +146,138 @@ fn udp_socket(bind: &str) -> Result<UdpSocket, CliError> {
     UdpSocket::bind(bind).map_err(|e| CliError::failed(format!("bind UDP {bind}"), e))
 }
 
+/// The error of an initiator whose `responder` (echo or sink) at `peer` never answered a probe.
+fn no_answer(responder: &str, peer: impl std::fmt::Display, wait: Duration) -> CliError {
+    CliError::failed(
+        format!("reach the {responder}"),
+        format!("{peer} did not answer within {wait:?}"),
+    )
+}
+
+/// An initiator's channel path: creates this side's channel, probes `peer` (MAC/ENDPOINT) until
+/// the `responder` answers, runs `f`, then releases the channel. Returns (local, peer, result).
+fn with_channel_peer<T>(
+    c: &Common,
+    peer: &str,
+    responder: &str,
+    f: impl FnOnce(&mut Channel, ChannelAddr, &dyn Waiter) -> Result<T, CliError>,
+) -> Result<(String, String, T), CliError> {
+    let peer = parse_channel_peer(peer)?;
+    let t = Transport::connect(c)?;
+    let (mut ch, w) = t.channel(c)?;
+    let local = ch.addr().to_string();
+    let r = channel_probe(&mut ch, peer, wait_of(c), &*w)
+        .map_err(|e| CliError::failed(format!("reach the {responder}"), e))
+        .and_then(|()| f(&mut ch, peer, &*w));
+    t.release(ch);
+    Ok((local, peer.to_string(), r?))
+}
+
+/// An initiator's frame path: probes `peer` (a MAC) until the `responder` answers, then runs
+/// `f` on the frame port. Returns (local, peer, result).
+fn with_frame_peer<T>(
+    c: &Common,
+    peer: &str,
+    responder: &str,
+    f: impl FnOnce(&mut dyn FrameRunner, MacAddr) -> Result<T, CliError>,
+) -> Result<(String, String, T), CliError> {
+    let peer = parse_mac(peer)?;
+    let wait = wait_of(c);
+    with_frame_port(c, |p| {
+        if !p
+            .probe(peer, wait)
+            .map_err(|e| CliError::failed("probe", e))?
+        {
+            return Err(no_answer(responder, peer, wait));
+        }
+        let r = f(&mut *p, peer)?;
+        Ok((p.mac().to_string(), peer.to_string(), r))
+    })
+}
+
+/// An initiator's UDP path: binds an ephemeral socket, probes `peer` (IP:PORT) until the
+/// `responder` answers, then runs `f`. Returns (local, peer, result).
+fn with_udp_peer<T>(
+    c: &Common,
+    peer: &str,
+    responder: &str,
+    f: impl FnOnce(&UdpSocket, SocketAddr) -> Result<T, CliError>,
+) -> Result<(String, String, T), CliError> {
+    let peer = parse_socket_addr(peer)?;
+    let wait = wait_of(c);
+    let sock = udp_socket("0.0.0.0:0")?;
+    let local = sock
+        .local_addr()
+        .map_or_else(|_| "?".into(), |l| l.to_string());
+    if !udp_probe(&sock, peer, wait).map_err(|e| CliError::failed("probe", e))? {
+        return Err(no_answer(responder, peer, wait));
+    }
+    Ok((local, peer.to_string(), f(&sock, peer)?))
+}
+
+/// A responder's channel path: creates this side's channel, prints the `tool`'s "ready" line,
+/// runs `f`, then releases the channel. Returns (local, result).
+fn with_ready_channel<T>(
+    c: &Common,
+    tool: &str,
+    f: impl FnOnce(&mut Channel, &dyn Waiter) -> Result<T, CliError>,
+) -> Result<(String, T), CliError> {
+    let t = Transport::connect(c)?;
+    let (mut ch, w) = t.channel(c)?;
+    let local = ch.addr().to_string();
+    ready(tool, &local, c);
+    let r = f(&mut ch, &*w);
+    t.release(ch);
+    Ok((local, r?))
+}
+
+/// A responder's frame path: prints the `tool`'s "ready" line, then runs `f` on the frame port.
+/// Returns (local, result).
+fn with_ready_frame_port<T>(
+    c: &Common,
+    tool: &str,
+    f: impl FnOnce(&mut dyn FrameRunner) -> Result<T, CliError>,
+) -> Result<(String, T), CliError> {
+    with_frame_port(c, |p| {
+        let local = p.mac().to_string();
+        ready(tool, &local, c);
+        Ok((local, f(p)?))
+    })
+}
+
+/// A responder's UDP path: binds `listen`, prints the `tool`'s "ready" line, then runs `f`.
+/// Returns (local, result).
+fn with_ready_udp<T>(
+    c: &Common,
+    tool: &str,
+    listen: SocketAddr,
+    f: impl FnOnce(&UdpSocket) -> Result<T, CliError>,
+) -> Result<(String, T), CliError> {
+    let sock = udp_socket(&listen.to_string())?;
+    let local = listen.to_string();
+    ready(tool, &local, c);
+    Ok((local, f(&sock)?))
+}
+
 fn ping(a: &PingArgs) -> Result<Report, CliError> {
     let c = &a.common;
     let size = a.size.unwrap_or(c.path.default_size());
     check_size(c.path, size)?;
-    let wait = wait_of(c);
     let (local, peer, stats) = match c.path {
-        PathKind::User | PathKind::Dma => {
-            let peer = parse_channel_peer(&a.peer)?;
-            let t = Transport::connect(c)?;
-            let (mut ch, w) = t.channel(c)?;
-            let local = ch.addr().to_string();
-            let r = channel_probe(&mut ch, peer, wait, &*w)
-                .map_err(|e| CliError::failed("reach the echo", e))
-                .and_then(|()| {
-                    channel_ping(&mut ch, peer, kind_of(c.path), size, a.count, &*w)
-                        .map_err(|e| CliError::failed("ping", e))
-                });
-            t.release(ch);
-            (local, peer.to_string(), r?)
-        }
-        PathKind::Frame => {
-            let peer = parse_mac(&a.peer)?;
-            with_frame_port(c, |p| {
-                if !p
-                    .probe(peer, wait)
-                    .map_err(|e| CliError::failed("probe", e))?
-                {
-                    return Err(CliError::failed(
-                        "reach the echo",
-                        format!("{peer} did not answer within {wait:?}"),
-                    ));
-                }
-                let s = p
-                    .ping(peer, size, a.count)
-                    .map_err(|e| CliError::failed("ping", e))?
-                    .ok_or_else(|| CliError::failed("ping", "a reply never came"))?;
-                Ok((p.mac().to_string(), peer.to_string(), s))
-            })?
-        }
-        PathKind::Udp => {
-            let peer = parse_socket_addr(&a.peer)?;
-            let sock = udp_socket("0.0.0.0:0")?;
-            let local = sock
-                .local_addr()
-                .map_or_else(|_| "?".into(), |l| l.to_string());
-            if !udp_probe(&sock, peer, wait).map_err(|e| CliError::failed("probe", e))? {
-                return Err(CliError::failed(
-                    "reach the echo",
-                    format!("{peer} did not answer within {wait:?}"),
-                ));
-            }
-            let s = udp_ping(&sock, peer, size, a.count)
+        PathKind::User | PathKind::Dma => with_channel_peer(c, &a.peer, "echo", |ch, peer, w| {
+            channel_ping(ch, peer, kind_of(c.path), size, a.count, w)
+                .map_err(|e| CliError::failed("ping", e))
+        })?,
+        PathKind::Frame => with_frame_peer(c, &a.peer, "echo", |p, peer| {
+            p.ping(peer, size, a.count)
                 .map_err(|e| CliError::failed("ping", e))?
-                .ok_or_else(|| CliError::failed("ping", "a reply never came"))?;
-            (local, peer.to_string(), s)
-        }
+                .ok_or_else(|| CliError::failed("ping", "a reply never came"))
+        })?,
+        PathKind::Udp => with_udp_peer(c, &a.peer, "echo", |sock, peer| {
+            udp_ping(sock, peer, size, a.count)
+                .map_err(|e| CliError::failed("ping", e))?
+                .ok_or_else(|| CliError::failed("ping", "a reply never came"))
+        })?,
     };
     Ok(Report {
         tool: "ping",
@@ -218,35 +295,19 @@ fn echo(a: &EchoArgs) -> Result<Report, CliError> {
     let c = &a.common;
     let wait = wait_of(c);
     let (local, echoed) = match c.path {
-        PathKind::User | PathKind::Dma => {
-            let t = Transport::connect(c)?;
-            let (mut ch, w) = t.channel(c)?;
-            let local = ch.addr().to_string();
-            ready("echo", &local, c);
-            let r = channel_await_probe(&mut ch, wait, &*w)
-                .map_err(|e| CliError::failed("wait for the ping", e))
-                .and_then(|_| {
-                    channel_echo(&mut ch, kind_of(c.path), a.count, &*w)
-                        .map_err(|e| CliError::failed("echo", e))
-                });
-            t.release(ch);
-            r?;
-            (local, a.count)
-        }
-        PathKind::Frame => with_frame_port(c, |p| {
-            let local = p.mac().to_string();
-            ready("echo", &local, c);
-            let n = p.echo(a.count).map_err(|e| CliError::failed("echo", e))?;
-            Ok((local, n))
-        })?,
-        PathKind::Udp => {
-            let sock = udp_socket(&a.listen.to_string())?;
-            let local = a.listen.to_string();
-            ready("echo", &local, c);
-            let n = udp_echo(&sock, a.count, wait, ECHO_IDLE)
+        PathKind::User | PathKind::Dma => with_ready_channel(c, "echo", |ch, w| {
+            channel_await_probe(ch, wait, w)
+                .map_err(|e| CliError::failed("wait for the ping", e))?;
+            channel_echo(ch, kind_of(c.path), a.count, w)
                 .map_err(|e| CliError::failed("echo", e))?;
-            (local, n)
-        }
+            Ok(a.count)
+        })?,
+        PathKind::Frame => with_ready_frame_port(c, "echo", |p| {
+            p.echo(a.count).map_err(|e| CliError::failed("echo", e))
+        })?,
+        PathKind::Udp => with_ready_udp(c, "echo", a.listen, |sock| {
+            udp_echo(sock, a.count, wait, ECHO_IDLE).map_err(|e| CliError::failed("echo", e))
+        })?,
     };
     if echoed < a.count {
         return Err(CliError::failed(
@@ -287,66 +348,30 @@ fn perf(a: &PerfArgs) -> Result<Report, CliError> {
     let c = &a.common;
     let size = a.size.unwrap_or(c.path.default_size());
     check_size(c.path, size)?;
-    let wait = wait_of(c);
     let (local, peer, t) = match c.path {
-        PathKind::User | PathKind::Dma => {
-            let peer = parse_channel_peer(&a.peer)?;
-            let tr = Transport::connect(c)?;
-            let (mut ch, w) = tr.channel(c)?;
-            let local = ch.addr().to_string();
-            let r = channel_probe(&mut ch, peer, wait, &*w)
-                .map_err(|e| CliError::failed("reach the sink", e))
-                .and_then(|()| {
-                    timed(a.count, size, || {
-                        let sent = if c.path == PathKind::User {
-                            channel_stream_send(&mut ch, peer, size, a.count)
-                        } else {
-                            channel_dma_stream_send(&mut ch, peer, size, a.count, &*w)
-                        };
-                        sent.map_err(|e| CliError::failed("stream", e))
-                    })
-                });
-            tr.release(ch);
-            (local, peer.to_string(), r?)
-        }
-        PathKind::Frame => {
-            let peer = parse_mac(&a.peer)?;
-            with_frame_port(c, |p| {
-                if !p
-                    .probe(peer, wait)
-                    .map_err(|e| CliError::failed("probe", e))?
-                {
-                    return Err(CliError::failed(
-                        "reach the sink",
-                        format!("{peer} did not answer within {wait:?}"),
-                    ));
-                }
-                let t = timed(a.count, size, || {
-                    p.send(peer, size, a.count)
-                        .map_err(|e| CliError::failed("stream", e))
-                })?;
-                Ok((p.mac().to_string(), peer.to_string(), t))
-            })?
-        }
-        PathKind::Udp => {
-            let peer = parse_socket_addr(&a.peer)?;
-            let sock = udp_socket("0.0.0.0:0")?;
-            let local = sock
-                .local_addr()
-                .map_or_else(|_| "?".into(), |l| l.to_string());
-            if !udp_probe(&sock, peer, wait).map_err(|e| CliError::failed("probe", e))? {
-                return Err(CliError::failed(
-                    "reach the sink",
-                    format!("{peer} did not answer within {wait:?}"),
-                ));
-            }
-            let size = size.max(8);
-            let t = timed(a.count, size, || {
-                udp_stream_send(&sock, peer, size, a.count)
+        PathKind::User | PathKind::Dma => with_channel_peer(c, &a.peer, "sink", |ch, peer, w| {
+            timed(a.count, size, || {
+                let sent = if c.path == PathKind::User {
+                    channel_stream_send(ch, peer, size, a.count)
+                } else {
+                    channel_dma_stream_send(ch, peer, size, a.count, w)
+                };
+                sent.map_err(|e| CliError::failed("stream", e))
+            })
+        })?,
+        PathKind::Frame => with_frame_peer(c, &a.peer, "sink", |p, peer| {
+            timed(a.count, size, || {
+                p.send(peer, size, a.count)
                     .map_err(|e| CliError::failed("stream", e))
-            })?;
-            (local, peer.to_string(), t)
-        }
+            })
+        })?,
+        PathKind::Udp => with_udp_peer(c, &a.peer, "sink", |sock, peer| {
+            let size = size.max(8);
+            timed(a.count, size, || {
+                udp_stream_send(sock, peer, size, a.count)
+                    .map_err(|e| CliError::failed("stream", e))
+            })
+        })?,
     };
     Ok(Report {
         tool: "perf",
@@ -366,44 +391,24 @@ fn sink(a: &SinkArgs) -> Result<Report, CliError> {
     let idle = Duration::from_millis(a.idle_ms);
     let size = a.size.unwrap_or(c.path.default_size());
     let (local, t) = match c.path {
-        PathKind::User | PathKind::Dma => {
-            let tr = Transport::connect(c)?;
-            let (mut ch, w) = tr.channel(c)?;
-            let local = ch.addr().to_string();
-            let r = if c.path == PathKind::User {
-                ready("sink", &local, c);
-                channel_await_probe(&mut ch, wait, &*w)
-                    .map_err(|e| CliError::failed("wait for the perf", e))
-                    .and_then(|_| {
-                        channel_stream_recv(&mut ch, a.count, &*w)
-                            .map_err(|e| CliError::failed("receive", e))
-                    })
-            } else {
-                // Buffers are posted before the sender can reach us; probes are answered
-                // inside the receive loop.
-                ready("sink", &local, c);
-                channel_dma_stream_recv(&mut ch, a.count, size, wait, &*w)
-                    .map_err(|e| CliError::failed("receive", e))
-            };
-            tr.release(ch);
-            (local, r?)
-        }
-        PathKind::Frame => with_frame_port(c, |p| {
-            let local = p.mac().to_string();
-            ready("sink", &local, c);
-            let t = p
-                .recv(a.count, wait, idle)
-                .map_err(|e| CliError::failed("receive", e))?;
-            Ok((local, t))
+        PathKind::User => with_ready_channel(c, "sink", |ch, w| {
+            channel_await_probe(ch, wait, w)
+                .map_err(|e| CliError::failed("wait for the perf", e))?;
+            channel_stream_recv(ch, a.count, w).map_err(|e| CliError::failed("receive", e))
         })?,
-        PathKind::Udp => {
-            let sock = udp_socket(&a.listen.to_string())?;
-            let local = a.listen.to_string();
-            ready("sink", &local, c);
-            let t = udp_stream_recv(&sock, a.count, wait, idle)
-                .map_err(|e| CliError::failed("receive", e))?;
-            (local, t)
-        }
+        // Buffers are posted before the sender can reach us; probes are answered inside the
+        // receive loop.
+        PathKind::Dma => with_ready_channel(c, "sink", |ch, w| {
+            channel_dma_stream_recv(ch, a.count, size, wait, w)
+                .map_err(|e| CliError::failed("receive", e))
+        })?,
+        PathKind::Frame => with_ready_frame_port(c, "sink", |p| {
+            p.recv(a.count, wait, idle)
+                .map_err(|e| CliError::failed("receive", e))
+        })?,
+        PathKind::Udp => with_ready_udp(c, "sink", a.listen, |sock| {
+            udp_stream_recv(sock, a.count, wait, idle).map_err(|e| CliError::failed("receive", e))
+        })?,
     };
     if t.messages == 0 {
         return Err(CliError::failed("receive", "nothing arrived"));

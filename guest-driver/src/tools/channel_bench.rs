@@ -156,6 +156,34 @@ pub fn channel_echo(
     Ok(())
 }
 
+/// Sends user-data messages number `sent` up to `count` (the cookie is the number) to `peer`
+/// while the TX ring takes them, then flushes once. Returns how many are sent in all.
+#[inline]
+fn send_user_batch(
+    ch: &mut Channel,
+    peer: ChannelAddr,
+    payload: &[u8],
+    mut sent: u64,
+    count: u64,
+) -> Result<u64, ChannelError> {
+    while sent < count && ch.send_user(peer, sent, payload, false)? {
+        sent += 1;
+    }
+    ch.flush()?;
+    Ok(sent)
+}
+
+/// Polls up to 256 messages into `buf`; a stream asks for no completions, so any completion
+/// among them is the error of a message sent (its status is the reason).
+fn fail_on_completion(ch: &mut Channel, buf: &mut Vec<Message>) -> Result<(), ChannelError> {
+    buf.clear();
+    ch.poll(buf, 256)?;
+    if let Some(Message::Completion(c)) = buf.iter().find(|m| matches!(m, Message::Completion(_))) {
+        return Err(failed(format!("stream: {}", c.status)));
+    }
+    Ok(())
+}
+
 /// Streams `count` user-data messages of `size` bytes to `peer` as fast as the TX ring allows,
 /// flushing once per batch. Returns when the engine has taken every message from the TX ring
 /// (delivered, or an error completion came back), so that the channel may be destroyed.
@@ -170,18 +198,9 @@ pub fn channel_stream_send(
     let mut buf = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(120);
     while sent < count {
-        while sent < count && ch.send_user(peer, sent, &payload, false)? {
-            sent += 1;
-        }
-        ch.flush()?;
+        sent = send_user_batch(ch, peer, &payload, sent, count)?;
         // Drain error completions so that a full RX ring never blocks the engine.
-        buf.clear();
-        ch.poll(&mut buf, 256)?;
-        if let Some(Message::Completion(c)) =
-            buf.iter().find(|m| matches!(m, Message::Completion(_)))
-        {
-            return Err(failed(format!("stream: {}", c.status)));
-        }
+        fail_on_completion(ch, &mut buf)?;
         if Instant::now() > deadline {
             return Err(failed(format!("stream stalled after {sent} messages")));
         }
@@ -190,13 +209,7 @@ pub fn channel_stream_send(
     }
     let ring = ch.layout().ring_size;
     while ch.tx_free()? < ring {
-        buf.clear();
-        ch.poll(&mut buf, 256)?;
-        if let Some(Message::Completion(c)) =
-            buf.iter().find(|m| matches!(m, Message::Completion(_)))
-        {
-            return Err(failed(format!("stream: {}", c.status)));
-        }
+        fail_on_completion(ch, &mut buf)?;
         if Instant::now() > deadline {
             return Err(failed("stream: the engine stopped taking messages".into()));
         }
@@ -353,10 +366,7 @@ pub fn channel_stream_local(
     let start = Instant::now();
     let deadline = start + Duration::from_secs(120);
     while got < count {
-        while sent < count && a.send_user(dest, sent, &payload, false)? {
-            sent += 1;
-        }
-        a.flush()?;
+        sent = send_user_batch(a, dest, &payload, sent, count)?;
         buf.clear();
         b.poll(&mut buf, 512)?;
         for m in &buf {
