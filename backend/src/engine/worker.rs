@@ -121,6 +121,14 @@ impl WorkerHandle {
     }
 }
 
+/// First and longest nap of a worker whose messages wait for room at their destinations (a
+/// full RX ring, no posted buffer). A receiver that drains its ring does not ring the engine's
+/// doorbell, so a nap is the delay between room appearing and the worker using it: short at
+/// first (the receiver is usually just descheduled for a moment), doubling up to 1 ms while
+/// the wait goes on.
+const MIN_BLOCKED_NAP: Duration = Duration::from_micros(50);
+const MAX_BLOCKED_NAP: Duration = Duration::from_millis(1);
+
 /// A run of deliveries to one destination is published (and its senders' completions posted)
 /// once it has copied this many DMA-data bytes, rather than only at the end of the pass: a copy
 /// of 16 KiB takes about as long as the receiver needs to notice a message and re-post a buffer,
@@ -162,6 +170,7 @@ impl Worker {
         }
         info!("worker {} started (cpu {:?})", self.index, self.cpu);
         let mut idle: u32 = 0;
+        let mut nap = MIN_BLOCKED_NAP;
         loop {
             if !self.handle_commands() {
                 break;
@@ -183,6 +192,7 @@ impl Worker {
                 self.counters.passes.fetch_add(1, Relaxed);
                 self.counters.messages.fetch_add(progress, Relaxed);
                 idle = 0;
+                nap = MIN_BLOCKED_NAP;
                 continue;
             }
             if retry {
@@ -195,9 +205,10 @@ impl Worker {
             } else if idle <= self.config.idle_passes {
                 std::thread::yield_now();
             } else if blocked {
-                // Messages wait for room at a destination: nap briefly and retry; the guests
-                // that must make room do not ring our doorbell.
-                self.wait_doorbell(Duration::from_millis(1));
+                // Messages wait for room at a destination: nap and retry, the naps growing while
+                // nothing moves; the guests that must make room do not ring our doorbell.
+                self.wait_doorbell(nap);
+                nap = (nap * 2).min(MAX_BLOCKED_NAP);
             } else {
                 self.sleep();
                 idle = 0;
@@ -271,9 +282,13 @@ impl Worker {
             events: libc::POLLIN,
             revents: 0,
         };
-        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
-        // SAFETY: pfd is a valid pollfd for the duration of the call and nfds is 1.
-        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
+            tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+        };
+        // SAFETY: pfd is a valid pollfd and ts a valid timespec for the duration of the call;
+        // nfds is 1 and a null signal mask leaves the thread's mask as it is.
+        let r = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
         if r > 0 && self.doorbell.read().is_ok() {
             self.counters.doorbells.fetch_add(1, Relaxed);
         }
