@@ -23,6 +23,9 @@ use vm_memory::{VolatileMemory, VolatileMemoryError, VolatileSlice};
 
 use super::channel::{completion, EngineChannel, RxSide};
 
+/// How many RX slots ahead delivery of user-data fetches lines for writing.
+const RX_PREFETCH_AHEAD: u32 = 8;
+
 /// What happened to one message.
 #[derive(Debug)]
 pub(crate) enum Outcome {
@@ -103,6 +106,9 @@ pub(crate) fn deliver_locked(
     }
     match tx {
         Tx::User { raw, flags } => {
+            // Take the line of the RX slot a few messages on from the receiver's core now, so
+            // that writing it later does not wait (the client does the same on its side).
+            rx.rx.prefetch(dest_mem, RX_PREFETCH_AHEAD);
             match rx
                 .rx
                 .push(dest_mem, &raw.with_peer_and_flags(src.addr, FLAG_COMPLETE))

@@ -344,7 +344,7 @@ impl Worker {
                     break;
                 }
             };
-            s.tx.prefetch(&mem, 4);
+            s.tx.prefetch(&mem, 8);
             let (outcome, peer) = match parse_tx(&src, &raw) {
                 Err((status, peer)) => (Outcome::Failed(status), peer),
                 Ok((tx, peer)) => match lookup.cached(&peer) {
