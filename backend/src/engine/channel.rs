@@ -228,8 +228,8 @@ impl EngineChannel {
             rx.rx.publish(&mem)
         })();
         completions.clear();
-        drop(rx);
         self.counters.add_completions(posted, 0);
+        drop(rx);
         match result {
             Ok(()) => posted > 0,
             Err(e) => {
@@ -251,8 +251,8 @@ impl EngineChannel {
             .flush_backlog(&mem, &mut posted)
             .and_then(|_| rx.rx.publish(&mem));
         let left = rx.backlog.len();
-        drop(rx);
         self.counters.add_completions(posted, 0);
+        drop(rx);
         match result {
             Ok(()) => {
                 if posted > 0 {

@@ -85,30 +85,47 @@ impl TxTally {
     }
 }
 
+/// Adds `n` to a counter that one thread at a time writes: a load and a store rather than a
+/// locked read-modify-write. On x86 a locked instruction waits for every earlier store to
+/// reach the cache, and on the data path those include the ring index just published, whose
+/// cache line the other side's core holds: each `fetch_add` after a publish cost a cross-core
+/// round trip. Readers (stats snapshots) see a value that is at most one update old.
+fn bump(counter: &AtomicU64, n: u64) {
+    counter.store(counter.load(Relaxed).wrapping_add(n), Relaxed);
+}
+
+// Who writes what (one writer at a time, so `bump` is exact):
+// - TX counters and backpressure holds: the channel's serving worker, the only one;
+// - RX, completion and bad-post counters: whoever holds the channel's RX lock;
+// - wakes: any worker, without the lock: a real `fetch_add`.
 impl ChannelCounters {
+    /// Serving worker only.
     pub(crate) fn add_tx(&self, t: &TxTally) {
         if t.taken == 0 && t.holds == 0 {
             return;
         }
-        self.tx_taken.fetch_add(t.taken, Relaxed);
-        self.tx_delivered.fetch_add(t.delivered, Relaxed);
-        self.backpressure_holds.fetch_add(t.holds, Relaxed);
+        bump(&self.tx_taken, t.taken);
+        bump(&self.tx_delivered, t.delivered);
+        bump(&self.backpressure_holds, t.holds);
         for (i, n) in t.errors.iter().enumerate() {
             if *n > 0 {
-                self.tx_errors[i].fetch_add(*n, Relaxed);
+                bump(&self.tx_errors[i], *n);
             }
         }
     }
+    /// Under the channel's RX lock.
     pub(crate) fn add_rx(&self, messages: u64, bytes: u64) {
-        self.rx_messages.fetch_add(messages, Relaxed);
-        self.rx_bytes.fetch_add(bytes, Relaxed);
+        bump(&self.rx_messages, messages);
+        bump(&self.rx_bytes, bytes);
     }
+    /// Under the channel's RX lock.
     pub(crate) fn add_completions(&self, posted: u64, dropped: u64) {
-        self.completions_posted.fetch_add(posted, Relaxed);
-        self.completions_dropped.fetch_add(dropped, Relaxed);
+        bump(&self.completions_posted, posted);
+        bump(&self.completions_dropped, dropped);
     }
+    /// Under the channel's RX lock.
     pub(crate) fn bad_post(&self) {
-        self.bad_posts.fetch_add(1, Relaxed);
+        bump(&self.bad_posts, 1);
     }
     pub(crate) fn wake_sent(&self) {
         self.wakes_sent.fetch_add(1, Relaxed);
@@ -137,7 +154,7 @@ impl ChannelCounters {
     }
 }
 
-/// Counters of one worker.
+/// Counters of one worker (written by its thread only).
 #[derive(Debug, Default)]
 pub struct WorkerCounters {
     pub(crate) passes: AtomicU64,
@@ -170,6 +187,12 @@ pub struct WorkerStats {
 }
 
 impl WorkerCounters {
+    /// A pass that took `messages` (the worker's own thread).
+    pub(crate) fn pass(&self, messages: u64) {
+        bump(&self.passes, 1);
+        bump(&self.messages, messages);
+    }
+
     pub(crate) fn snapshot(&self, worker: usize, cpu: Option<u32>) -> WorkerStats {
         WorkerStats {
             worker,

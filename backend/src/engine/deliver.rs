@@ -200,9 +200,9 @@ impl<'d> DestRun<'d> {
         if !wrote {
             return;
         }
+        dest.counters.add_rx(messages, bytes);
         let result = if rx.open { rx.rx.publish(&mem) } else { Ok(()) };
         drop(rx);
-        dest.counters.add_rx(messages, bytes);
         match result {
             Ok(()) => wakes.add(dest),
             Err(e) => dest.fault(FaultReason::RxIndex, &e),

@@ -189,8 +189,7 @@ impl Worker {
             }
             self.drop_dead();
             if progress > 0 {
-                self.counters.passes.fetch_add(1, Relaxed);
-                self.counters.messages.fetch_add(progress, Relaxed);
+                self.counters.pass(progress);
                 idle = 0;
                 nap = MIN_BLOCKED_NAP;
                 continue;
