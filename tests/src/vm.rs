@@ -262,46 +262,54 @@ impl Svnic {
 
     /// `svnic ctl guests --json`, parsed.
     pub fn guests(&self) -> Result<Vec<GuestView>, String> {
-        let out = Command::new(&self.bin)
-            .args(["ctl", "guests", "--json", "--admin-socket"])
-            .arg(&self.admin)
-            .output()
-            .map_err(|e| format!("cannot run svnic ctl: {e}"))?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        if !out.status.success() {
-            return Err(format!(
-                "svnic ctl guests --json: {}: {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        match serde_json::from_str::<AdminResponse>(&text) {
-            Ok(AdminResponse::Guests { guests }) => Ok(guests),
-            Ok(other) => Err(format!("svnic ctl guests --json answered {other:?}")),
-            Err(e) => Err(format!("svnic ctl guests --json: {e}: {text}")),
+        match self.ctl_json("guests")? {
+            AdminResponse::Guests { guests } => Ok(guests),
+            other => Err(format!("svnic ctl guests --json answered {other:?}")),
         }
     }
 
     /// `svnic ctl channels --json`, parsed.
     pub fn channels(&self) -> Result<Vec<ChannelView>, String> {
+        match self.ctl_json("channels")? {
+            AdminResponse::Channels { channels } => Ok(channels),
+            other => Err(format!("svnic ctl channels --json answered {other:?}")),
+        }
+    }
+
+    /// Polls [`Svnic::guests`] until `done` holds or `secs` pass; the last answer.
+    pub fn wait_guests(
+        &self,
+        secs: u64,
+        done: impl Fn(&[GuestView]) -> bool,
+    ) -> Result<Vec<GuestView>, String> {
+        poll(secs, || self.guests(), done)
+    }
+
+    /// Polls [`Svnic::channels`] until `done` holds or `secs` pass; the last answer.
+    pub fn wait_channels(
+        &self,
+        secs: u64,
+        done: impl Fn(&[ChannelView]) -> bool,
+    ) -> Result<Vec<ChannelView>, String> {
+        poll(secs, || self.channels(), done)
+    }
+
+    /// `svnic ctl <command> --json`, parsed.
+    fn ctl_json(&self, command: &str) -> Result<AdminResponse, String> {
         let out = Command::new(&self.bin)
-            .args(["ctl", "channels", "--json", "--admin-socket"])
+            .args(["ctl", command, "--json", "--admin-socket"])
             .arg(&self.admin)
             .output()
             .map_err(|e| format!("cannot run svnic ctl: {e}"))?;
         let text = String::from_utf8_lossy(&out.stdout);
         if !out.status.success() {
             return Err(format!(
-                "svnic ctl channels --json: {}: {}",
+                "svnic ctl {command} --json: {}: {}",
                 out.status,
                 String::from_utf8_lossy(&out.stderr)
             ));
         }
-        match serde_json::from_str::<AdminResponse>(&text) {
-            Ok(AdminResponse::Channels { channels }) => Ok(channels),
-            Ok(other) => Err(format!("svnic ctl channels --json answered {other:?}")),
-            Err(e) => Err(format!("svnic ctl channels --json: {e}: {text}")),
-        }
+        serde_json::from_str(&text).map_err(|e| format!("svnic ctl {command} --json: {e}: {text}"))
     }
 
     /// Its log so far.
@@ -325,6 +333,22 @@ impl Svnic {
     }
 }
 
+/// Asks `query` every 100 ms until `done` holds of its answer or `secs` pass; the last answer.
+fn poll<T>(
+    secs: u64,
+    query: impl Fn() -> Result<Vec<T>, String>,
+    done: impl Fn(&[T]) -> bool,
+) -> Result<Vec<T>, String> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let answer = query()?;
+        if done(&answer) || Instant::now() > deadline {
+            return Ok(answer);
+        }
+        sleep(Duration::from_millis(100));
+    }
+}
+
 /// What a guest is asked to be.
 #[derive(Debug, Clone)]
 pub struct VmSpec<'a> {
@@ -339,6 +363,9 @@ pub struct VmSpec<'a> {
     /// Extra kernel command line (IP=..., RUN=...).
     pub append: &'a str,
 }
+
+/// How launch.sh starts the line that says which accelerator it chose.
+const ACCELERATOR: &str = "launch.sh: accelerator: ";
 
 /// A guest started by `vm-images/launch.sh` (which becomes QEMU).
 #[derive(Debug)]
@@ -396,6 +423,13 @@ impl Vm {
         fs::read_to_string(&self.launcher_log).unwrap_or_default()
     }
 
+    /// What the launcher said about the accelerator it chose (the rest of its
+    /// "launch.sh: accelerator: " line, e.g. "tcg (as asked)"), if it has said it yet.
+    pub fn accelerator(&self) -> Option<String> {
+        let text = self.launcher_text();
+        find_line(&text, ACCELERATOR).map(|l| l[ACCELERATOR.len()..].to_string())
+    }
+
     /// The first console line starting with `prefix` (see [`find_line`]), waiting for it until `deadline` or until the
     /// guest exits.
     pub fn wait_for_line(&mut self, prefix: &str, deadline: Instant) -> Option<String> {
@@ -437,4 +471,129 @@ impl Vm {
 pub fn find_line<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
     text.lines()
         .find_map(|l| l.find(prefix).map(|i| l[i..].trim_end()))
+}
+
+/// `found`, or `None` after saying on stderr that `test` is skipped and why: for a test that needs
+/// the guest image, on a machine where it has not been built.
+pub fn or_skip<T>(test: &str, found: Result<T, String>) -> Option<T> {
+    match found {
+        Ok(found) => Some(found),
+        Err(why) => {
+            eprintln!("SKIPPED {test}: {why}");
+            None
+        }
+    }
+}
+
+/// Panics with `msg`, then `context` (only computed then: say, [`TwoGuests::context`]), unless
+/// `cond` holds.
+#[macro_export]
+macro_rules! ensure {
+    ($cond:expr, $ctx:expr, $($msg:tt)+) => {
+        if !$cond {
+            panic!("{}\n{}", format!($($msg)+), $ctx);
+        }
+    };
+}
+
+/// What one of [`TwoGuests`] runs.
+#[derive(Debug, Clone, Copy)]
+pub struct GuestSetup<'a> {
+    /// MAC address of its NIC.
+    pub mac: &'a str,
+    /// Extra kernel command line (see [`VmSpec::append`]).
+    pub append: &'a str,
+}
+
+/// Two guests, A ("vm1") and B ("vm2"), each with 256M, served by one `svnic serve`, all in one
+/// scratch directory. Dropping it kills A, then B, then svnic, then removes the directory (kept if
+/// the test is failing).
+#[derive(Debug)]
+pub struct TwoGuests {
+    /// How long `svnic serve` took to come up (with building it, if it was not up to date).
+    pub svnic_up: Duration,
+    // The rest are declared in the order they are to be dropped.
+    /// Guest A, "vm1".
+    pub a: Vm,
+    /// Guest B, "vm2".
+    pub b: Vm,
+    /// The daemon serving both.
+    pub svnic: Svnic,
+    dir: ScratchDir,
+}
+
+impl TwoGuests {
+    /// Builds `svnic` if needed, starts `svnic serve` for both guests in a new scratch directory
+    /// (named after `tag`), then launches B and then A. Panics if any of it fails; the scratch
+    /// directory is then kept for its logs.
+    #[track_caller]
+    pub fn start(image: &Image, tag: &str, a: GuestSetup<'_>, b: GuestSetup<'_>) -> TwoGuests {
+        let t0 = Instant::now();
+        let bin = or_panic(svnic_binary());
+        let dir = or_panic(ScratchDir::new(tag).map_err(|e| format!("scratch dir: {e}")));
+        let specs = [("vm1", a), ("vm2", b)].map(|(name, setup)| GuestSpec {
+            name: name.into(),
+            socket: dir.path().join(format!("{name}.sock")),
+            mac: setup.mac.into(),
+        });
+        let svnic = or_panic(Svnic::start(&bin, dir.path(), &specs));
+        let svnic_up = t0.elapsed();
+        let launch = |spec: &GuestSpec, append: &str| {
+            Vm::launch(
+                image,
+                dir.path(),
+                &VmSpec {
+                    name: &spec.name,
+                    socket: &spec.socket,
+                    mac: &spec.mac,
+                    mem: "256M",
+                    append,
+                },
+            )
+        };
+        let b = or_panic(launch(&specs[1], b.append));
+        let a = or_panic(launch(&specs[0], a.append));
+        TwoGuests {
+            svnic_up,
+            a,
+            b,
+            svnic,
+            dir,
+        }
+    }
+
+    /// The scratch directory with the sockets and logs.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Everything worth reading when the test fails: each guest's launcher log and console, then
+    /// svnic's log.
+    pub fn context(&self) -> String {
+        format!(
+            "{}{}--- svnic serve log:\n{}",
+            self.a.report(),
+            self.b.report(),
+            self.svnic.log_text()
+        )
+    }
+
+    /// Stops `svnic serve` (SIGTERM) and asserts that it exits cleanly.
+    #[track_caller]
+    pub fn stop_svnic(self) {
+        let status = or_panic(self.svnic.stop());
+        assert!(
+            status.success(),
+            "svnic serve exited with {status} on SIGTERM"
+        );
+    }
+}
+
+/// The value, or a panic with the error (where the caller is, with `#[track_caller]`).
+#[track_caller]
+fn or_panic<T>(result: Result<T, String>) -> T {
+    match result {
+        Ok(value) => value,
+        Err(e) => panic!("{e}"),
+    }
 }

@@ -19,9 +19,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use svnic_backend::admin::ChannelView;
-use svnic_tests::vm::{
-    find_line, repo_root, svnic_binary, GuestSpec, Image, ScratchDir, Svnic, Vm, VmSpec,
-};
+use svnic_tests::ensure;
+use svnic_tests::vm::{find_line, or_skip, repo_root, GuestSetup, Image, TwoGuests};
 
 const MAC_A: &str = "52:54:00:00:00:01";
 const MAC_B: &str = "52:54:00:00:00:02";
@@ -91,24 +90,6 @@ fn a_append() -> String {
     format!("HUGEPAGES=16 IP=10.0.0.1/24 RUN={}", steps.join(","))
 }
 
-/// Everything worth reading when the test fails.
-fn context(a: &Vm, b: &Vm, svnic: &Svnic) -> String {
-    format!(
-        "{}{}--- svnic serve log:\n{}",
-        a.report(),
-        b.report(),
-        svnic.log_text()
-    )
-}
-
-macro_rules! ensure {
-    ($cond:expr, $ctx:expr, $($msg:tt)+) => {
-        if !$cond {
-            panic!("{}\n{}", format!($($msg)+), $ctx);
-        }
-    };
-}
-
 /// The JSON line a tool printed on the console for `tool` over `path` (any path if empty).
 fn tool_json(serial: &str, tool: &str, path: &str) -> Option<Value> {
     serial.lines().find_map(|l| {
@@ -130,22 +111,6 @@ fn channels_of<'a>(channels: &'a [ChannelView], guest: &str) -> Vec<&'a ChannelV
     channels.iter().filter(|c| c.guest == guest).collect()
 }
 
-/// Polls `svnic ctl channels --json` until `done` holds or `secs` pass; the last answer.
-fn wait_channels(
-    svnic: &Svnic,
-    secs: u64,
-    done: impl Fn(&[ChannelView]) -> bool,
-) -> Vec<ChannelView> {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        let channels = svnic.channels().unwrap_or_else(|e| panic!("{e}"));
-        if done(&channels) || Instant::now() > deadline {
-            return channels;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// The image's manifest lists the guest binaries only when build.sh ran with --build-guest.
 fn guest_binaries_in_image(image: &Image) -> Result<(), String> {
     let manifest = image.initrd.with_file_name("manifest");
@@ -165,91 +130,68 @@ fn guest_binaries_in_image(image: &Image) -> Result<(), String> {
 
 #[test]
 fn bypass_channels_between_two_qemu_guests() {
-    let image = match Image::find().and_then(|i| guest_binaries_in_image(&i).map(|()| i)) {
-        Ok(image) => image,
-        Err(why) => {
-            eprintln!("SKIPPED bypass_channels_between_two_qemu_guests: {why}");
-            return;
-        }
+    let Some(image) = or_skip(
+        "bypass_channels_between_two_qemu_guests",
+        Image::find().and_then(|i| guest_binaries_in_image(&i).map(|()| i)),
+    ) else {
+        return;
     };
     let t0 = Instant::now();
-    let bin = svnic_binary().unwrap_or_else(|e| panic!("{e}"));
-    let dir = ScratchDir::new("vm-bypass").unwrap_or_else(|e| panic!("scratch dir: {e}"));
-    let specs = [
-        GuestSpec {
-            name: "vm1".into(),
-            socket: dir.path().join("vm1.sock"),
-            mac: MAC_A.into(),
-        },
-        GuestSpec {
-            name: "vm2".into(),
-            socket: dir.path().join("vm2.sock"),
-            mac: MAC_B.into(),
-        },
-    ];
-    let svnic = Svnic::start(&bin, dir.path(), &specs).unwrap_or_else(|e| panic!("{e}"));
     let (a_append, b_append) = (a_append(), b_append());
-    let mut b = Vm::launch(
+    let mut vms = TwoGuests::start(
         &image,
-        dir.path(),
-        &VmSpec {
-            name: "vm2",
-            socket: &specs[1].socket,
-            mac: MAC_B,
-            mem: "256M",
-            append: &b_append,
-        },
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let mut a = Vm::launch(
-        &image,
-        dir.path(),
-        &VmSpec {
-            name: "vm1",
-            socket: &specs[0].socket,
+        "vm-bypass",
+        GuestSetup {
             mac: MAC_A,
-            mem: "256M",
             append: &a_append,
         },
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+        GuestSetup {
+            mac: MAC_B,
+            append: &b_append,
+        },
+    );
     let deadline = Instant::now() + Duration::from_secs(170);
 
     // B powers off while A streams to it. svnic tears B's channels down (none stays live)...
-    let b_exit = b.wait_exit(deadline).unwrap_or_else(|e| panic!("{e}"));
+    let b_exit = vms.b.wait_exit(deadline).unwrap_or_else(|e| panic!("{e}"));
     let t_b_off = t0.elapsed();
     ensure!(
         b_exit.is_some_and(|s| s.success()),
-        context(&a, &b, &svnic),
+        vms.context(),
         "guest B did not power off in time: {b_exit:?}"
     );
     let live = |c: &&ChannelView| c.state == "Success" || c.state == "Pending";
-    let after_b = wait_channels(&svnic, 20, |chs| !channels_of(chs, "vm2").iter().any(live));
+    let after_b = vms
+        .svnic
+        .wait_channels(20, |chs| !channels_of(chs, "vm2").iter().any(live))
+        .unwrap_or_else(|e| panic!("{e}"));
     let b_channels = channels_of(&after_b, "vm2");
     ensure!(
         !b_channels.is_empty() && b_channels.iter().all(|c| c.state == "Destroyed"),
-        context(&a, &b, &svnic),
+        vms.context(),
         "after B powered off, svnic ctl channels --json should show B's channels Destroyed: \
          {after_b:#?}"
     );
 
     // ... and A goes on: its stream ends in an error completion, then its crash-test runs.
     let crash_step = cmd("svnic-guest --user 65534 crash-test --endpoint 9 --json");
-    let crash = a.wait_for_line(&format!("SVNIC-STEP {crash_step} "), deadline);
-    let after_crash = svnic.channels().unwrap_or_else(|e| panic!("{e}"));
+    let crash = vms
+        .a
+        .wait_for_line(&format!("SVNIC-STEP {crash_step} "), deadline);
+    let after_crash = vms.svnic.channels().unwrap_or_else(|e| panic!("{e}"));
     ensure!(
         crash.as_deref().is_some_and(|l| l.ends_with(" ok")),
-        context(&a, &b, &svnic),
+        vms.context(),
         "guest A's crash-test after B powered off did not succeed: {crash:?}"
     );
-    let a_exit = a.wait_exit(deadline).unwrap_or_else(|e| panic!("{e}"));
+    let a_exit = vms.a.wait_exit(deadline).unwrap_or_else(|e| panic!("{e}"));
     let t_done = t0.elapsed();
     ensure!(
         a_exit.is_some_and(|s| s.success()),
-        context(&a, &b, &svnic),
+        vms.context(),
         "guest A did not power off in time: {a_exit:?}"
     );
-    let (a_serial, b_serial) = (a.serial_text(), b.serial_text());
+    let (a_serial, b_serial) = (vms.a.serial_text(), vms.b.serial_text());
 
     // 1. Every paired step passed, and the tools' JSON says the data came back intact.
     let b_steps = b_append["HUGEPAGES=16 IP=10.0.0.2/24 RUN=".len()..].split(',');
@@ -261,23 +203,19 @@ fn bypass_channels_between_two_qemu_guests() {
         for step in steps {
             ensure!(
                 step_ok(serial, step),
-                context(&a, &b, &svnic),
+                vms.context(),
                 "guest {who}: step '{step}' did not pass"
             );
         }
         ensure!(
             find_line(serial, "SVNIC-RESULT PASS").is_some(),
-            context(&a, &b, &svnic),
+            vms.context(),
             "guest {who} did not pass"
         );
     }
     let json = |serial: &str, tool: &str, path: &str| {
-        tool_json(serial, tool, path).unwrap_or_else(|| {
-            panic!(
-                "no {tool} --path {path} JSON line\n{}",
-                context(&a, &b, &svnic)
-            )
-        })
+        tool_json(serial, tool, path)
+            .unwrap_or_else(|| panic!("no {tool} --path {path} JSON line\n{}", vms.context()))
     };
     let mut pings = Vec::new();
     for path in ["user", "dma", "udp"] {
@@ -285,13 +223,13 @@ fn bypass_channels_between_two_qemu_guests() {
         let echo = json(&b_serial, "echo", path);
         ensure!(
             ping["round_trips"] == ROUND_TRIPS && echo["echoed"] == ROUND_TRIPS,
-            context(&a, &b, &svnic),
+            vms.context(),
             "{path}: ping {ping} / echo {echo}: not {ROUND_TRIPS} round trips"
         );
         if path != "udp" {
             ensure!(
                 ping["mode"] == "vm" && ping["local"] == format!("{MAC_A}/1"),
-                context(&a, &b, &svnic),
+                vms.context(),
                 "{path}: ping did not run over the agent's channel: {ping}"
             );
         }
@@ -303,13 +241,13 @@ fn bypass_channels_between_two_qemu_guests() {
         let sink = json(&b_serial, "sink", path);
         ensure!(
             perf["messages"] == MESSAGES && sink["messages"].as_u64().is_some_and(|n| n > 0),
-            context(&a, &b, &svnic),
+            vms.context(),
             "{path}: perf {perf} / sink {sink}"
         );
         if path == "user" {
             ensure!(
                 sink["messages"] == MESSAGES,
-                context(&a, &b, &svnic),
+                vms.context(),
                 "user channel dropped messages: perf {perf} / sink {sink}"
             );
         }
@@ -319,7 +257,7 @@ fn bypass_channels_between_two_qemu_guests() {
     // 3. A's stream to the powered-off B ended in an error, not a hang.
     ensure!(
         a_serial.contains("stream: "),
-        context(&a, &b, &svnic),
+        vms.context(),
         "guest A's stream to B did not end in an error completion"
     );
 
@@ -329,7 +267,7 @@ fn bypass_channels_between_two_qemu_guests() {
     let killed = crash_json["killed_pid"].as_u64().unwrap_or_else(|| {
         panic!(
             "crash-test JSON has no killed_pid: {crash_json}\n{}",
-            context(&a, &b, &svnic)
+            vms.context()
         )
     });
     let lines: Vec<&str> = a_serial.lines().collect();
@@ -347,7 +285,7 @@ fn bypass_channels_between_two_qemu_guests() {
         panic!(
             "no 'channel N created for application ... (pid {killed})' in A's agent log \
              ({created:?})\n{}",
-            context(&a, &b, &svnic)
+            vms.context()
         )
     });
     let disconnected = pos(&format!(
@@ -356,7 +294,7 @@ fn bypass_channels_between_two_qemu_guests() {
     let freed = pos(&format!("channel {channel} destroyed by engine; memory 0x"));
     ensure!(
         disconnected.is_some() && freed.is_some() && disconnected < freed,
-        context(&a, &b, &svnic),
+        vms.context(),
         "A's agent log: expected 'application ... (pid {killed}) disconnected: destroying 1 \
          channel(s)' (line {disconnected:?}) before 'channel {channel} destroyed by engine; \
          memory 0x... freed' (line {freed:?})"
@@ -364,14 +302,12 @@ fn bypass_channels_between_two_qemu_guests() {
     let crashed = after_crash.iter().find(|c| c.id == channel);
     ensure!(
         crashed.is_some_and(|c| c.guest == "vm1" && c.state == "Destroyed"),
-        context(&a, &b, &svnic),
+        vms.context(),
         "svnic ctl channels --json after the crash-test: channel {channel} is {crashed:?}"
     );
 
     // The comparison, labelled with the accelerator (never asserted: TCG timings are emulated).
-    let accel = find_line(&a.launcher_text(), "launch.sh: accelerator: ")
-        .map(|l| l["launch.sh: accelerator: ".len()..].to_string())
-        .unwrap_or_else(|| "unknown".into());
+    let accel = vms.a.accelerator().unwrap_or_else(|| "unknown".into());
     let accel_name = accel
         .split_whitespace()
         .next()
@@ -435,11 +371,7 @@ fn bypass_channels_between_two_qemu_guests() {
         .join("vm-comparison.txt");
     std::fs::write(&out, &table).unwrap_or_else(|e| panic!("{}: {e}", out.display()));
 
-    let status = svnic.stop().unwrap_or_else(|e| panic!("{e}"));
-    assert!(
-        status.success(),
-        "svnic serve exited with {status} on SIGTERM"
-    );
+    vms.stop_svnic();
     println!(
         "B powered off at {t_b_off:.1?}, A done at {t_done:.1?}; table in {}",
         out.display()

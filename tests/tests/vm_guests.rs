@@ -8,7 +8,8 @@
 use std::time::{Duration, Instant};
 
 use svnic_backend::admin::GuestView;
-use svnic_tests::vm::{find_line, svnic_binary, GuestSpec, Image, ScratchDir, Svnic, Vm, VmSpec};
+use svnic_tests::ensure;
+use svnic_tests::vm::{find_line, or_skip, GuestSetup, Image, TwoGuests};
 
 const MAC_A: &str = "52:54:00:5e:00:01";
 const MAC_B: &str = "52:54:00:5e:00:02";
@@ -16,24 +17,6 @@ const MAC_B: &str = "52:54:00:5e:00:02";
 const B_APPEND: &str = "IP=10.0.0.2/24 RUN=echo-server,wait-quit:9:150";
 /// A holds for 3 s after the echo so that the test sees both guests connected.
 const A_APPEND: &str = "IP=10.0.0.1/24 RUN=ping:10.0.0.2:3,tcp-echo:10.0.0.2,sleep:3,quit:10.0.0.2";
-
-/// Everything worth reading when the test fails.
-fn context(a: &Vm, b: &Vm, svnic: &Svnic) -> String {
-    format!(
-        "{}{}--- svnic serve log:\n{}",
-        a.report(),
-        b.report(),
-        svnic.log_text()
-    )
-}
-
-macro_rules! ensure {
-    ($cond:expr, $ctx:expr, $($msg:tt)+) => {
-        if !$cond {
-            panic!("{}\n{}", format!($($msg)+), $ctx);
-        }
-    };
-}
 
 fn guest<'a>(guests: &'a [GuestView], name: &str) -> Option<&'a GuestView> {
     guests.iter().find(|g| g.name == name)
@@ -52,89 +35,60 @@ fn guest_stats(serial: &str) -> Option<(u64, u64)> {
 
 #[test]
 fn two_qemu_guests_ping_and_tcp_echo_through_svnic() {
-    let image = match Image::find() {
-        Ok(image) => image,
-        Err(why) => {
-            eprintln!("SKIPPED two_qemu_guests_ping_and_tcp_echo_through_svnic: {why}");
-            return;
-        }
+    let Some(image) = or_skip(
+        "two_qemu_guests_ping_and_tcp_echo_through_svnic",
+        Image::find(),
+    ) else {
+        return;
     };
     let t0 = Instant::now();
-    let bin = svnic_binary().unwrap_or_else(|e| panic!("{e}"));
-    let dir = ScratchDir::new("vm").unwrap_or_else(|e| panic!("scratch dir: {e}"));
-    let specs = [
-        GuestSpec {
-            name: "vm1".into(),
-            socket: dir.path().join("vm1.sock"),
-            mac: MAC_A.into(),
-        },
-        GuestSpec {
-            name: "vm2".into(),
-            socket: dir.path().join("vm2.sock"),
-            mac: MAC_B.into(),
-        },
-    ];
-    let svnic = Svnic::start(&bin, dir.path(), &specs).unwrap_or_else(|e| panic!("{e}"));
-    let t_serve = t0.elapsed();
-
-    let mut b = Vm::launch(
+    let mut vms = TwoGuests::start(
         &image,
-        dir.path(),
-        &VmSpec {
-            name: "vm2",
-            socket: &specs[1].socket,
-            mac: MAC_B,
-            mem: "256M",
-            append: B_APPEND,
-        },
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let mut a = Vm::launch(
-        &image,
-        dir.path(),
-        &VmSpec {
-            name: "vm1",
-            socket: &specs[0].socket,
+        "vm",
+        GuestSetup {
             mac: MAC_A,
-            mem: "256M",
             append: A_APPEND,
         },
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+        GuestSetup {
+            mac: MAC_B,
+            append: B_APPEND,
+        },
+    );
     let deadline = Instant::now() + Duration::from_secs(150);
 
     // While A holds after its echo, both guests are up: svnic must show them connected, with
     // frames both ways (at least the 3 echo requests and 3 replies of the ping).
-    let echo = a.wait_for_line("SVNIC-STEP tcp-echo:", deadline);
+    let echo = vms.a.wait_for_line("SVNIC-STEP tcp-echo:", deadline);
     let t_echo = t0.elapsed();
     ensure!(
         echo.as_deref().is_some_and(|l| l.ends_with(" ok")),
-        context(&a, &b, &svnic),
+        vms.context(),
         "guest A's TCP echo through svnic did not succeed: {echo:?}"
     );
-    let live = svnic.guests().unwrap_or_else(|e| panic!("{e}"));
+    let live = vms.svnic.guests().unwrap_or_else(|e| panic!("{e}"));
     for name in ["vm1", "vm2"] {
         let g = guest(&live, name);
         ensure!(
             g.is_some_and(|g| g.connected && g.frames_in >= 3 && g.frames_out >= 3),
-            context(&a, &b, &svnic),
+            vms.context(),
             "svnic ctl guests --json during the exchange: {name} not connected with frames \
              both ways: {g:?}"
         );
     }
 
-    let a_exit = a.wait_exit(deadline).unwrap_or_else(|e| panic!("{e}"));
-    let b_exit = b
+    let a_exit = vms.a.wait_exit(deadline).unwrap_or_else(|e| panic!("{e}"));
+    let b_exit = vms
+        .b
         .wait_exit(Instant::now() + Duration::from_secs(30))
         .unwrap_or_else(|e| panic!("{e}"));
     let t_done = t0.elapsed();
     ensure!(
         a_exit.is_some_and(|s| s.success()) && b_exit.is_some_and(|s| s.success()),
-        context(&a, &b, &svnic),
+        vms.context(),
         "QEMU did not exit cleanly after the guests powered off: A {a_exit:?}, B {b_exit:?}"
     );
 
-    let (a_serial, b_serial) = (a.serial_text(), b.serial_text());
+    let (a_serial, b_serial) = (vms.a.serial_text(), vms.b.serial_text());
     for (who, serial, markers) in [
         (
             "A",
@@ -163,7 +117,7 @@ fn two_qemu_guests_ping_and_tcp_echo_through_svnic() {
         for m in markers {
             ensure!(
                 find_line(serial, m).is_some(),
-                context(&a, &b, &svnic),
+                vms.context(),
                 "guest {who}'s console lacks '{m}'"
             );
         }
@@ -171,14 +125,10 @@ fn two_qemu_guests_ping_and_tcp_echo_through_svnic() {
 
     // Once both are gone, svnic shows them disconnected, and it has seen at least every frame
     // each guest kernel counted (the kernels may send more after printing their counters).
-    let wait_disconnected = Instant::now() + Duration::from_secs(10);
-    let after = loop {
-        let guests = svnic.guests().unwrap_or_else(|e| panic!("{e}"));
-        if guests.iter().all(|g| !g.connected) || Instant::now() > wait_disconnected {
-            break guests;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let after = vms
+        .svnic
+        .wait_guests(10, |guests| guests.iter().all(|g| !g.connected))
+        .unwrap_or_else(|e| panic!("{e}"));
     for (name, serial) in [("vm1", &a_serial), ("vm2", &b_serial)] {
         let g = guest(&after, name);
         let stats = guest_stats(serial);
@@ -187,31 +137,24 @@ fn two_qemu_guests_ping_and_tcp_echo_through_svnic() {
                 && stats.is_some_and(
                     |(rx, tx)| g.is_some_and(|g| g.frames_in >= tx && g.frames_out >= rx)
                 ),
-            context(&a, &b, &svnic),
+            vms.context(),
             "after power-off, svnic's view of {name} ({g:?}) does not match the guest's \
              counters (rx, tx) = {stats:?}"
         );
     }
 
-    let accel = |vm: &Vm| {
-        let text = vm.launcher_text();
-        find_line(&text, "launch.sh: accelerator: ").map(str::to_string)
-    };
-    let (a_accel, b_accel) = (accel(&a), accel(&b));
+    let (a_accel, b_accel) = (vms.a.accelerator(), vms.b.accelerator());
     ensure!(
         a_accel.is_some() && b_accel.is_some(),
-        context(&a, &b, &svnic),
+        vms.context(),
         "the launcher did not say which accelerator it used"
     );
-    let status = svnic.stop().unwrap_or_else(|e| panic!("{e}"));
-    assert!(
-        status.success(),
-        "svnic serve exited with {status} on SIGTERM"
-    );
+    let t_serve = vms.svnic_up;
+    vms.stop_svnic();
 
     eprintln!(
-        "{}\nsvnic up {:.1?}, A's TCP echo done {:.1?}, both guests off {:.1?}\n\
-         svnic ctl during the exchange: {live:?}\nafter: {after:?}",
+        "launch.sh: accelerator: {}\nsvnic up {:.1?}, A's TCP echo done {:.1?}, both guests off \
+         {:.1?}\nsvnic ctl during the exchange: {live:?}\nafter: {after:?}",
         a_accel.unwrap_or_default(),
         t_serve,
         t_echo,
