@@ -221,6 +221,23 @@ fn pair<RA, RB: Send + 'static>(
     Ok((ra, rb, b))
 }
 
+/// A stream from guest A (sending here) to guest B (receiving on its own thread), measured
+/// [`STREAM_RUNS`] times by B's receive side; `what` names the send and receive sides in errors.
+fn stream_pair<E: std::fmt::Display>(
+    a: &mut Guest,
+    b: &mut Option<Guest>,
+    what: [&'static str; 2],
+    recv: impl Fn(&mut Guest) -> Result<Throughput, String> + Copy + Send + 'static,
+    send: impl Fn(&mut Guest) -> Result<(), E>,
+) -> Result<Repeated, DemoError> {
+    Repeated::measure(STREAM_RUNS, || {
+        let (sent, received, back) = pair(a, take_guest(b)?, recv, &send)?;
+        *b = Some(back);
+        measure(what[0], sent)?;
+        measure(what[1], received)
+    })
+}
+
 /// Guest B, back from the previous measurement's thread.
 fn take_guest(b: &mut Option<Guest>) -> Result<Guest, DemoError> {
     b.take()
@@ -292,20 +309,19 @@ fn run_guests(
 
     // 4b. Streaming with one thread per guest.
     let mut b = Some(b);
-    let bypass_stream_threads = Repeated::measure(STREAM_RUNS, || {
-        let (ra, rb, back) = pair(
-            &mut a,
-            take_guest(&mut b)?,
-            move |g| {
-                let w = g.client.waiter(&g.channel);
-                channel_stream_recv(&mut g.channel, n, &w).map_err(|e| e.to_string())
-            },
-            |g| channel_stream_send(&mut g.channel, b_addr, 40, n),
-        )?;
-        b = Some(back);
-        measure("channel stream send (threads)", ra)?;
-        measure("channel stream receive (threads)", rb)
-    })?;
+    let bypass_stream_threads = stream_pair(
+        &mut a,
+        &mut b,
+        [
+            "channel stream send (threads)",
+            "channel stream receive (threads)",
+        ],
+        move |g| {
+            let w = g.client.waiter(&g.channel);
+            channel_stream_recv(&mut g.channel, n, &w).map_err(|e| e.to_string())
+        },
+        |g| channel_stream_send(&mut g.channel, b_addr, 40, n),
+    )?;
     let b = take_guest(&mut b)?;
 
     // 5. virtio-net frame round trip, each guest a thread waiting on its call eventfd.
@@ -324,20 +340,16 @@ fn run_guests(
     // 6. virtio-net streaming.
     let frames = (n / 10).clamp(1000, 200_000);
     let mut b = Some(b);
-    let virtio_stream = Repeated::measure(STREAM_RUNS, || {
-        let (ra, rb, back) = pair(
-            &mut a,
-            take_guest(&mut b)?,
-            move |g| {
-                frame_stream_recv(&mut g.client, frames, Duration::from_millis(500))
-                    .map_err(|e| e.to_string())
-            },
-            |g| frame_stream_send(&mut g.client, MAC_B, 64, frames),
-        )?;
-        b = Some(back);
-        measure("virtio-net stream send", ra)?;
-        measure("virtio-net stream receive", rb)
-    })?;
+    let virtio_stream = stream_pair(
+        &mut a,
+        &mut b,
+        ["virtio-net stream send", "virtio-net stream receive"],
+        move |g| {
+            frame_stream_recv(&mut g.client, frames, Duration::from_millis(500))
+                .map_err(|e| e.to_string())
+        },
+        |g| frame_stream_send(&mut g.client, MAC_B, 64, frames),
+    )?;
 
     Ok(DemoReport {
         workers: opts.workers,

@@ -77,53 +77,52 @@ pub(crate) fn parse_tx<'m>(
     }
 }
 
-/// Delivers `tx` (from `src`, addressed to `peer`) into `dest`. `wrote` is set when anything was
-/// written into the destination's RX ring (needs a publish).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn deliver_locked(
-    src: &EngineChannel,
-    src_mem: &ChannelMem<'_>,
-    tx: &Tx<'_>,
-    peer: ChannelAddr,
-    dest: &EngineChannel,
-    dest_mem: &ChannelMem<'_>,
-    rx: &mut RxSide,
-    wrote: &mut bool,
-) -> Outcome {
-    if !rx.open {
-        return Outcome::Failed(if dest.is_live() {
-            CompletionStatus::DestinationGone
-        } else if matches!(dest.run_state(), super::channel::RunState::Faulted) {
-            CompletionStatus::DestinationFaulted
-        } else {
-            CompletionStatus::DestinationGone
-        });
-    }
-    match rx_room(rx, dest_mem) {
-        Ok(true) => {}
-        Ok(false) => return Outcome::Blocked(CompletionStatus::RingFull),
-        Err(e) => return Outcome::DestinationBroken(FaultReason::RxIndex, e),
-    }
-    match tx {
-        Tx::User { raw, flags } => {
-            // Take the line of the RX slot a few messages on from the receiver's core now, so
-            // that writing it later does not wait (the client does the same on its side).
-            rx.rx.prefetch(dest_mem, RX_PREFETCH_AHEAD);
-            match rx
-                .rx
-                .push(dest_mem, &raw.with_peer_and_flags(src.addr, FLAG_COMPLETE))
-            {
-                Ok(_) => *wrote = true,
-                Err(e) => return Outcome::DestinationBroken(FaultReason::RxIndex, e),
-            }
-            let completion = (flags & FLAG_WANT_COMPLETION != 0)
-                .then(|| completion(peer, raw.cookie(), CompletionStatus::Ok, 0));
-            Outcome::Delivered {
-                completion,
-                bytes: 0,
-            }
+impl DestRun<'_> {
+    /// Delivers `tx` (from `src`, addressed to `peer`) into the locked destination; sets
+    /// `wrote` when anything was written into its RX ring (it needs a publish).
+    fn deliver_locked(
+        &mut self,
+        src: &EngineChannel,
+        src_mem: &ChannelMem<'_>,
+        tx: &Tx<'_>,
+        peer: ChannelAddr,
+    ) -> Outcome {
+        let (dest, dest_mem, rx, wrote) = (self.dest, &self.mem, &mut *self.rx, &mut self.wrote);
+        if !rx.open {
+            return Outcome::Failed(
+                if matches!(dest.run_state(), super::channel::RunState::Faulted) {
+                    CompletionStatus::DestinationFaulted
+                } else {
+                    CompletionStatus::DestinationGone
+                },
+            );
         }
-        Tx::Dma(d) => deliver_dma(src, src_mem, d, dest, dest_mem, rx, wrote),
+        match rx_room(rx, dest_mem) {
+            Ok(true) => {}
+            Ok(false) => return Outcome::Blocked(CompletionStatus::RingFull),
+            Err(e) => return Outcome::DestinationBroken(FaultReason::RxIndex, e),
+        }
+        match tx {
+            Tx::User { raw, flags } => {
+                // Take the line of the RX slot a few messages on from the receiver's core now, so
+                // that writing it later does not wait (the client does the same on its side).
+                rx.rx.prefetch(dest_mem, RX_PREFETCH_AHEAD);
+                match rx
+                    .rx
+                    .push(dest_mem, &raw.with_peer_and_flags(src.addr, FLAG_COMPLETE))
+                {
+                    Ok(_) => *wrote = true,
+                    Err(e) => return Outcome::DestinationBroken(FaultReason::RxIndex, e),
+                }
+                let completion = (flags & FLAG_WANT_COMPLETION != 0)
+                    .then(|| completion(peer, raw.cookie(), CompletionStatus::Ok, 0));
+                Outcome::Delivered {
+                    completion,
+                    bytes: 0,
+                }
+            }
+            Tx::Dma(d) => deliver_dma(src, src_mem, d, dest, dest_mem, rx, wrote),
+        }
     }
 }
 
@@ -169,16 +168,7 @@ impl<'d> DestRun<'d> {
         tx: &Tx<'_>,
         peer: ChannelAddr,
     ) -> Outcome {
-        let outcome = deliver_locked(
-            src,
-            src_mem,
-            tx,
-            peer,
-            self.dest,
-            &self.mem,
-            &mut self.rx,
-            &mut self.wrote,
-        );
+        let outcome = self.deliver_locked(src, src_mem, tx, peer);
         if let Outcome::Delivered { bytes, .. } = &outcome {
             self.messages += 1;
             self.bytes += bytes;

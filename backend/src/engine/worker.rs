@@ -121,6 +121,10 @@ impl WorkerHandle {
     }
 }
 
+/// How many TX slots ahead a worker asks the CPU to load the next messages while it delivers
+/// (the client prefetches as far ahead on its side).
+const TX_PREFETCH_AHEAD: u32 = 8;
+
 /// First and longest nap of a worker whose messages wait for room at their destinations (a
 /// full RX ring, no posted buffer). A receiver that drains its ring does not ring the engine's
 /// doorbell, so a nap is the delay between room appearing and the worker using it: short at
@@ -283,7 +287,8 @@ impl Worker {
         };
         let ts = libc::timespec {
             tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
-            tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+            // Below 10^9: fits any c_long.
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
         };
         // SAFETY: pfd is a valid pollfd and ts a valid timespec for the duration of the call;
         // nfds is 1 and a null signal mask leaves the thread's mask as it is.
@@ -343,7 +348,7 @@ impl Worker {
                     break;
                 }
             };
-            s.tx.prefetch(&mem, 8);
+            s.tx.prefetch(&mem, TX_PREFETCH_AHEAD);
             let (outcome, peer) = match parse_tx(&src, &raw) {
                 Err((status, peer)) => (Outcome::Failed(status), peer),
                 Ok((tx, peer)) => match lookup.cached(&peer) {
