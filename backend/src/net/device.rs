@@ -223,18 +223,29 @@ impl NetDevice {
     /// The data path's view, or `None` if the device is not started. A queue event on a stopped
     /// device whose frontend restarted the rings without a new memory table revives it with the
     /// parked table.
-    fn data_path(&self, queue: Option<u16>) -> Option<DataPath> {
+    ///
+    /// A kick of a ring the frontend has disabled is stale (one already on its way when the
+    /// frontend reset the device, say): it neither restarts its queue nor revives the device.
+    fn data_path(&self, queue: Option<u16>, vrings: &[VringRwLock]) -> Option<DataPath> {
+        // Read before taking the state lock, so that this thread never holds both locks.
+        let ring_enabled = queue.is_some_and(|q| {
+            vrings
+                .get(usize::from(q))
+                .is_some_and(|v| v.get_ref().is_enabled())
+        });
         let mut st = self.lock();
         if st.poisoned || st.disconnected {
             return None;
         }
-        if let Some(q) = queue {
+        if let Some(q) = queue.filter(|_| ring_enabled) {
             st.stopped_queues &= !(1 << q);
         }
         let mem = st.memory.clone()?;
         if !st.live {
-            // Only a ring that runs again may revive the device, not a stale wake.
-            queue?;
+            // Only a ring that runs again may revive the device, not a stale wake or kick.
+            if !ring_enabled {
+                return None;
+            }
             info!(
                 "{}: rings restarted without a new memory table: using the one it has",
                 self.port()
@@ -548,7 +559,7 @@ impl VhostUserBackend for NetDevice {
             self.inner.port.consume_wake();
         }
         let queue = (usize::from(device_event) < NUM_QUEUES).then_some(device_event);
-        let Some(dp) = self.data_path(queue) else {
+        let Some(dp) = self.data_path(queue, vrings) else {
             return Ok(());
         };
         match device_event {
