@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use support::*;
-use svnic_backend::Engine;
+use svnic_backend::{Engine, EngineConfig};
 use svnic_channels::{ChannelId, CompletionStatus, DataRef, Message};
 
 const T: Duration = Duration::from_secs(10);
@@ -488,4 +488,91 @@ fn a_channel_is_reachable_as_soon_as_its_creation_succeeds() {
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     streamer.join().unwrap();
+}
+
+/// A doorbell that rings nothing: the engine only learns of what these channels publish when
+/// the test rings it.
+struct MutedDoorbell;
+
+impl svnic_guest::Doorbell for MutedDoorbell {
+    fn ring(&self, _channel_id: u32) {}
+}
+
+/// A channel of `g` (4096-slot rings) whose client never rings the engine's doorbell, and the
+/// guest address of its region.
+fn open_muted(engine: &Engine, g: &mut FakeGuest, endpoint: u32) -> (svnic_guest::Channel, u64) {
+    let len = svnic_channels::layout::DEFAULT_REGION_LEN;
+    let addr = g.alloc(len);
+    engine
+        .create_channel(g.id, &g.request(endpoint, 4096, addr, len))
+        .unwrap();
+    let region = svnic_channels::SharedRegion::from_guest_memory(g.mem.clone(), addr, len).unwrap();
+    let ch =
+        svnic_guest::Channel::attach(region, g.addr(endpoint), std::sync::Arc::new(MutedDoorbell))
+            .unwrap();
+    (ch, addr)
+}
+
+/// Waits until the (only) worker blocks on its doorbell: it advertises sleeping in the header of
+/// the channel at `region` of `g` and stays asleep (flag set, no new sleep counted) for 20 ms.
+fn wait_worker_asleep(engine: &Engine, g: &FakeGuest, region: u64) {
+    use vm_memory::{Bytes, GuestAddress};
+    let flag = GuestAddress(region + svnic_channels::layout::header::ENGINE_SLEEPING as u64);
+    let asleep = || g.mem.read_obj::<u32>(flag).unwrap() != 0;
+    wait_until(T, || {
+        if !asleep() {
+            return false;
+        }
+        let sleeps = engine.worker_stats()[0].sleeps;
+        std::thread::sleep(Duration::from_millis(20));
+        asleep() && engine.worker_stats()[0].sleeps == sleeps
+    });
+}
+
+/// A worker takes at most `poll_budget` messages from one channel per pass: another channel of
+/// the same worker is served in between, so a busy sender cannot starve it. The worker is made
+/// to sleep, both senders publish (the busy one a long burst first), and only then is the worker
+/// woken: the quiet channel's message must come after at most one budget of the busy one's.
+#[test]
+fn a_busy_sender_cannot_starve_another_channel_of_its_worker() {
+    const BUDGET: u32 = 4;
+    const BURST: u64 = 2048;
+    let engine = Engine::new(EngineConfig {
+        workers: 1,
+        poll_budget: BUDGET,
+        spin_passes: 1,
+        idle_passes: 2,
+        max_sleep: Duration::from_secs(60),
+        ..Default::default()
+    })
+    .unwrap();
+    let mut ga = FakeGuest::new(&engine, 1, 8);
+    let mut gb = FakeGuest::new(&engine, 2, 8);
+    // Created first, so served first in a pass.
+    let (mut busy, busy_region) = open_muted(&engine, &mut ga, 10);
+    let (mut quiet, _) = open_muted(&engine, &mut ga, 11);
+    let (mut rx, _) = open_muted(&engine, &mut gb, 20);
+    let dest = gb.addr(20);
+    for round in 0..3u64 {
+        wait_worker_asleep(&engine, &ga, busy_region);
+        for i in 0..BURST {
+            assert!(busy.send_user(dest, i, b"b", false).unwrap());
+        }
+        busy.flush().unwrap();
+        let marker = u64::MAX - round;
+        assert!(quiet.send_user(dest, marker, b"q", false).unwrap());
+        quiet.flush().unwrap();
+        engine.doorbell(svnic_channels::ChannelId(busy.id()));
+        let got = recv_n(&mut rx, &gb.waker, BURST as usize + 1, T);
+        assert_eq!(got.len() as u64, BURST + 1);
+        let at = got
+            .iter()
+            .position(|m| matches!(m, Message::UserData(u) if u.cookie == marker))
+            .unwrap();
+        assert!(
+            at <= BUDGET as usize,
+            "round {round}: the quiet channel's message came after {at} of the busy one's \
+             (budget {BUDGET})"
+        );
+    }
 }

@@ -242,6 +242,12 @@ impl<'a> ChannelMem<'a> {
     /// After publishing: fence, then read the other side's sleeping flag. True means "notify it".
     pub fn peer_sleeping(&self, flag_offset: usize) -> bool {
         fence(Ordering::SeqCst);
+        self.peer_flag_set(flag_offset)
+    }
+
+    /// [`ChannelMem::peer_sleeping`] without the fence, for a caller that made one SeqCst fence
+    /// after all its publishes and checks several channels' flags after it.
+    pub fn peer_flag_set(&self, flag_offset: usize) -> bool {
         // If the flag cannot be read, notify anyway: a spurious doorbell costs little, a lost
         // wakeup stalls the peer.
         self.load(flag_offset, Ordering::Relaxed)
@@ -497,6 +503,19 @@ impl Consumer {
         if let Ok(slot) = mem.mem.get_slice(off, MESSAGE_SIZE) {
             prefetch_line(slot.ptr_guard().as_ptr());
         }
+    }
+
+    /// Starts loading the producer's index and the next slot (published or not) into the cache.
+    /// A consumer about to wait anyway (on a fence, a locked instruction, a copy) issues this
+    /// first, so that both lines' trips from the producer's core overlap with that wait and with
+    /// each other, instead of being paid one after the other when it next reads the ring. Reads
+    /// nothing, changes nothing; a no-op off x86-64.
+    #[inline]
+    pub fn prefetch_incoming(&self, mem: &ChannelMem<'_>) {
+        if let Ok(index) = mem.mem.get_slice(self.kind.head(), 4) {
+            prefetch_line(index.ptr_guard().as_ptr());
+        }
+        self.prefetch(mem, 0);
     }
 
     /// Advances past a message obtained with [`Consumer::peek`].

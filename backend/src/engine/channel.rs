@@ -1,14 +1,14 @@
 //! The engine's runtime state of one channel, shared (through `Arc`) by the worker that serves
 //! its TX ring and by every worker that delivers into its RX ring.
 //!
-//! The RX side (RX producer, posted-buffer consumer, completion backlog) sits behind one mutex:
-//! any worker may deliver into any channel, so writes to an RX ring are serialised by it, and
-//! `open == false` (set under the same lock at destroy or fault) guarantees that nobody writes
-//! into the channel's memory afterwards.
+//! The RX side (RX producer, posted-buffer consumer, completion backlog) sits behind one lock
+//! ([`RxLock`]): any worker may deliver into any channel, so writes to an RX ring are serialised
+//! by it, and `open == false` (set under the same lock at destroy or fault) guarantees that
+//! nobody writes into the channel's memory afterwards.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{fence, AtomicBool, AtomicU8, Ordering};
+use std::sync::Arc;
 
 use log::warn;
 use svnic_channels::layout::header;
@@ -19,6 +19,7 @@ use svnic_channels::{
 use svnic_control::GuestId;
 
 use super::counters::ChannelCounters;
+use super::rx_lock::{RxGuard, RxLock};
 
 /// Tells a guest that one of its channels has new RX messages while it sleeps.
 pub trait GuestWaker: Send + Sync {
@@ -49,7 +50,10 @@ pub struct EngineChannel {
     pub(crate) worker: usize,
     pub(crate) region: SharedRegion,
     pub(crate) layout: ChannelLayout,
-    pub(crate) rx: Mutex<RxSide>,
+    pub(crate) rx: RxLock<RxSide>,
+    /// True while the RX side's completion backlog is not empty; written under the RX lock, read
+    /// without it so that a pass over a channel with no backlog takes no lock for it.
+    backlog_pending: AtomicBool,
     pub(crate) counters: ChannelCounters,
     /// Guest-physical address of the region.
     pub(crate) region_addr: u64,
@@ -110,12 +114,13 @@ impl EngineChannel {
             guest,
             addr,
             worker,
-            rx: Mutex::new(RxSide {
+            rx: RxLock::new(RxSide {
                 open: true,
                 rx: Producer::new(RingKind::Rx, &layout),
                 post: Consumer::new(RingKind::Post, &layout),
                 backlog: VecDeque::new(),
             }),
+            backlog_pending: AtomicBool::new(false),
             region,
             layout,
             counters: ChannelCounters::default(),
@@ -135,10 +140,17 @@ impl EngineChannel {
         }
     }
 
-    /// Locks the RX side. A poisoned lock (a worker panicked while holding it) is still usable:
-    /// the state it protects is indices and a queue, consistent at every await-free step.
-    pub(crate) fn lock_rx(&self) -> MutexGuard<'_, RxSide> {
-        self.rx.lock().unwrap_or_else(|e| e.into_inner())
+    /// Locks the RX side.
+    pub(crate) fn lock_rx(&self) -> RxGuard<'_, RxSide> {
+        self.rx.lock()
+    }
+
+    /// Records whether `rx` (this channel's RX side, locked by the caller) has a backlog.
+    pub(crate) fn note_backlog(&self, rx: &RxSide) {
+        // Release, under the lock: a reader that sees `true` also sees the queued completions
+        // once it takes the lock. Every store is made under the lock, so they cannot reorder.
+        self.backlog_pending
+            .store(!rx.backlog.is_empty(), Ordering::Release);
     }
 
     /// Current run state.
@@ -172,6 +184,7 @@ impl EngineChannel {
             }
             let dropped = rx.backlog.len() as u64;
             rx.backlog.clear();
+            self.note_backlog(&rx);
             self.counters.add_completions(0, dropped);
         }
     }
@@ -184,13 +197,23 @@ impl EngineChannel {
         rx.open = false;
         let dropped = rx.backlog.len() as u64;
         rx.backlog.clear();
+        self.note_backlog(&rx);
         self.counters.add_completions(0, dropped);
     }
 
     /// Wakes the guest if it advertised sleeping (called after publishing RX).
     pub(crate) fn wake_if_sleeping(&self, mem: &ChannelMem<'_>) {
+        if self.waker.is_some() {
+            fence(Ordering::SeqCst);
+            self.wake_if_flagged(mem);
+        }
+    }
+
+    /// As [`EngineChannel::wake_if_sleeping`], for a caller that has made the SeqCst fence
+    /// itself after its publishes (one fence for several channels).
+    pub(crate) fn wake_if_flagged(&self, mem: &ChannelMem<'_>) {
         if let Some(w) = &self.waker {
-            if mem.peer_sleeping(header::GUEST_SLEEPING) {
+            if mem.peer_flag_set(header::GUEST_SLEEPING) {
                 self.counters.wake_sent();
                 w.wake(self.id);
             }
@@ -205,8 +228,26 @@ impl EngineChannel {
         if completions.is_empty() {
             return false;
         }
+        let rx = self.lock_rx();
+        self.post_completions_locked(rx, completions)
+    }
+
+    /// Locks the RX side if it is free; never waits. For a caller that holds another channel's
+    /// RX side (or this one's: then this fails).
+    pub(crate) fn try_lock_rx(&self) -> Option<RxGuard<'_, RxSide>> {
+        self.rx.try_lock()
+    }
+
+    /// [`EngineChannel::post_completions`] with the RX side already locked (and unlocked here).
+    pub(crate) fn post_completions_locked(
+        &self,
+        mut rx: RxGuard<'_, RxSide>,
+        completions: &mut Vec<RawMessage>,
+    ) -> bool {
+        if completions.is_empty() {
+            return false;
+        }
         let mem = self.mem();
-        let mut rx = self.lock_rx();
         if !rx.open {
             self.counters.add_completions(0, completions.len() as u64);
             completions.clear();
@@ -228,6 +269,7 @@ impl EngineChannel {
             rx.rx.publish(&mem)
         })();
         completions.clear();
+        self.note_backlog(&rx);
         self.counters.add_completions(posted, 0);
         drop(rx);
         match result {
@@ -241,6 +283,11 @@ impl EngineChannel {
 
     /// Flushes the completion backlog (serving worker, each pass). Returns the backlog length left.
     pub(crate) fn flush_backlog(&self) -> usize {
+        // Acquire: pairs with `note_backlog`. A backlog queued by another worker an instant ago
+        // is flushed on the next pass.
+        if !self.backlog_pending.load(Ordering::Acquire) {
+            return 0;
+        }
         let mem = self.mem();
         let mut rx = self.lock_rx();
         if rx.backlog.is_empty() || !rx.open {
@@ -251,6 +298,7 @@ impl EngineChannel {
             .flush_backlog(&mem, &mut posted)
             .and_then(|_| rx.rx.publish(&mem));
         let left = rx.backlog.len();
+        self.note_backlog(&rx);
         self.counters.add_completions(posted, 0);
         drop(rx);
         match result {

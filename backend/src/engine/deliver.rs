@@ -10,9 +10,10 @@
 //!   published later, after the copy, so the receiver can never see the message before the data).
 //!
 //! [`DestRun`] keeps a destination locked across consecutive messages to it and publishes its RX
-//! ring once at the end of the run.
+//! ring once at the end of the run (and, for bulk DMA-data, every so many bytes on the way).
 
-use std::sync::{Arc, MutexGuard};
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
 
 use svnic_channels::message::{FLAG_COMPLETE, FLAG_WANT_COMPLETION};
 use svnic_channels::{
@@ -22,6 +23,7 @@ use svnic_channels::{
 use vm_memory::{VolatileMemory, VolatileMemoryError, VolatileSlice};
 
 use super::channel::{completion, EngineChannel, RxSide};
+use super::rx_lock::RxGuard;
 
 /// How many RX slots ahead delivery of user-data fetches lines for writing.
 const RX_PREFETCH_AHEAD: u32 = 8;
@@ -131,7 +133,7 @@ impl DestRun<'_> {
 pub(crate) struct DestRun<'d> {
     pub dest: &'d Arc<EngineChannel>,
     mem: ChannelMem<'d>,
-    rx: MutexGuard<'d, RxSide>,
+    rx: RxGuard<'d, RxSide>,
     wrote: bool,
     messages: u64,
     bytes: u64,
@@ -176,6 +178,32 @@ impl<'d> DestRun<'d> {
         outcome
     }
 
+    /// Publishes what the run wrote so far without unlocking (bulk DMA-data, so that the
+    /// receiver sees each copy while the next one runs), counts it, and adds the destination
+    /// to `wakes`. False if the RX index is broken: the caller then ends the run with
+    /// [`DestRun::finish`], which faults the destination.
+    pub fn publish(&mut self, wakes: &mut PendingWakes<'d>) -> bool {
+        if !self.wrote {
+            return true;
+        }
+        if !self.rx.open {
+            return true;
+        }
+        // The receiver re-posts and the sender re-sends as soon as they see this: have their
+        // lines on the way while the publishes below wait for the cache.
+        self.rx.post.prefetch_incoming(&self.mem);
+        if self.rx.rx.publish(&self.mem).is_err() {
+            return false;
+        }
+        self.dest.counters.add_rx(
+            std::mem::take(&mut self.messages),
+            std::mem::take(&mut self.bytes),
+        );
+        self.wrote = false;
+        wakes.add(self.dest);
+        true
+    }
+
     /// Publishes what the run wrote (if the channel is still open), unlocks, counts, and adds
     /// the destination to `wakes`. A broken RX index faults the destination.
     pub fn finish(self, wakes: &mut PendingWakes<'d>) {
@@ -191,7 +219,12 @@ impl<'d> DestRun<'d> {
             return;
         }
         dest.counters.add_rx(messages, bytes);
-        let result = if rx.open { rx.rx.publish(&mem) } else { Ok(()) };
+        let result = if rx.open {
+            rx.post.prefetch_incoming(&mem);
+            rx.rx.publish(&mem)
+        } else {
+            Ok(())
+        };
         drop(rx);
         match result {
             Ok(()) => wakes.add(dest),
@@ -200,13 +233,13 @@ impl<'d> DestRun<'d> {
     }
 }
 
-/// Destinations published to during a pass whose guests may sleep: each one's flag is checked
-/// (a SeqCst fence and a load, see [`svnic_channels::ChannelMem::peer_sleeping`]) once at the
-/// end of the pass rather than after every publish, so that a pass of many small runs, or of
-/// bulk DMA-data published per copy, does not stall on a fence each time. A wake is at most one
-/// pass late, and a guest only sleeps after it has been idle for a while.
+/// Channels published to during a pass whose guests may sleep: each one's flag is checked once
+/// at the end of the pass rather than after every publish, all after a single SeqCst fence (see
+/// [`svnic_channels::ChannelMem::peer_sleeping`]), so that a pass of many small runs, or of bulk
+/// DMA-data published per copy, does not stall on a fence each time. A wake is at most one pass
+/// late, and a guest only sleeps after it has been idle for a while.
 pub(crate) struct PendingWakes<'d> {
-    list: [Option<&'d Arc<EngineChannel>>; 4],
+    list: [Option<&'d EngineChannel>; 4],
 }
 
 impl<'d> PendingWakes<'d> {
@@ -214,25 +247,31 @@ impl<'d> PendingWakes<'d> {
         PendingWakes { list: [None; 4] }
     }
 
-    /// Notes that `dest`'s guest is due a wake check (at once if the list is full).
-    pub fn add(&mut self, dest: &'d Arc<EngineChannel>) {
+    /// Notes that `ch`'s guest is due a wake check (at once if the list is full).
+    pub fn add(&mut self, ch: &'d EngineChannel) {
         for slot in &mut self.list {
             match slot {
-                Some(d) if Arc::ptr_eq(d, dest) => return,
+                Some(d) if std::ptr::eq(*d, ch) => return,
                 Some(_) => {}
                 None => {
-                    *slot = Some(dest);
+                    *slot = Some(ch);
                     return;
                 }
             }
         }
-        dest.wake_if_sleeping(&dest.mem());
+        ch.wake_if_sleeping(&ch.mem());
     }
 
-    /// Makes the checks.
+    /// Makes the checks: one fence, then each channel's flag.
     pub fn flush(&mut self) {
-        for dest in self.list.iter_mut().filter_map(Option::take) {
-            dest.wake_if_sleeping(&dest.mem());
+        if self.list[0].is_none() {
+            return;
+        }
+        // SeqCst: the publishes above are ordered before the flag loads below (the guest sets
+        // its flag, fences, then re-reads our index: one of the two sides sees the other).
+        fence(Ordering::SeqCst);
+        for ch in self.list.iter_mut().filter_map(Option::take) {
+            ch.wake_if_flagged(&ch.mem());
         }
     }
 }
@@ -284,7 +323,10 @@ fn deliver_dma(
             );
             match rx.rx.push(dest_mem, &c) {
                 Ok(true) => *wrote = true,
-                Ok(false) => rx.backlog.push_back(c),
+                Ok(false) => {
+                    rx.backlog.push_back(c);
+                    dest.note_backlog(rx);
+                }
                 Err(e) => return Outcome::DestinationBroken(FaultReason::RxIndex, e),
             }
             match rx_room(rx, dest_mem) {

@@ -9,6 +9,7 @@ mod channel;
 mod config;
 mod counters;
 mod deliver;
+mod rx_lock;
 pub(crate) mod worker;
 
 use std::collections::HashMap;

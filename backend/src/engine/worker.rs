@@ -175,6 +175,10 @@ impl Worker {
         info!("worker {} started (cpu {:?})", self.index, self.cpu);
         let mut idle: u32 = 0;
         let mut nap = MIN_BLOCKED_NAP;
+        // The routing snapshot, kept across passes and replaced when the table's generation
+        // moves (one atomic load per pass instead of a reference-counted load); dropped while
+        // the worker sleeps, so that it does not keep destroyed channels' memory mapped.
+        let mut routes: Option<Arc<RoutingSnapshot<Arc<EngineChannel>>>> = None;
         loop {
             if !self.handle_commands() {
                 break;
@@ -183,9 +187,16 @@ impl Worker {
             let mut blocked = false;
             let mut retry = false;
             {
-                let routes = self.control.routes().load();
+                let table = self.control.routes();
+                let snapshot = match &mut routes {
+                    Some(r) => {
+                        table.refresh(r);
+                        r
+                    }
+                    None => routes.insert(table.load_full()),
+                };
                 for i in 0..self.served.len() {
-                    let p = self.service(i, &routes);
+                    let p = self.service(i, snapshot);
                     progress += p.progress;
                     blocked |= p.blocked;
                     retry |= p.retry;
@@ -213,6 +224,7 @@ impl Worker {
                 self.wait_doorbell(nap);
                 nap = (nap * 2).min(MAX_BLOCKED_NAP);
             } else {
+                routes = None;
                 self.sleep();
                 idle = 0;
             }
@@ -303,10 +315,17 @@ impl Worker {
     fn service(&mut self, i: usize, routes: &RoutingSnapshot<Arc<EngineChannel>>) -> Pass {
         let budget = self.config.poll_budget;
         let wait = self.config.backpressure_wait;
-        let Some(s) = self.served.get_mut(i) else {
+        let Some(Served {
+            ch: src,
+            tx,
+            held_since,
+        }) = self.served.get_mut(i)
+        else {
             return Pass::default();
         };
-        let src = s.ch.clone();
+        // `src` is borrowed from the served list, not cloned: an `Arc` clone is a locked
+        // instruction, which waits for the previous pass's publishes to reach the cache.
+        let src: &EngineChannel = src;
         if !src.is_live() {
             return Pass::default();
         }
@@ -316,7 +335,7 @@ impl Worker {
             return Pass::default();
         }
         let mem = src.mem();
-        let avail = match s.tx.available(&mem) {
+        let avail = match tx.available(&mem) {
             Ok(n) => n,
             Err(e) => {
                 self.counters.faults.fetch_add(1, Relaxed);
@@ -328,14 +347,38 @@ impl Worker {
         let mut pass = Pass::default();
         let mut run: Option<DestRun<'_>> = None;
         let mut wakes = PendingWakes::new();
-        let mut wake_src = false;
         let mut lookup = RouteLookup {
             snapshot: routes,
             table: self.control.routes(),
             last: None,
         };
-        for _ in 0..avail.min(budget) {
-            let raw = match s.tx.peek(&mem) {
+        // Messages of this pass not taken yet, and what is left of the budget beyond them.
+        let mut left = avail.min(budget);
+        let mut room = budget - left;
+        loop {
+            if left == 0 {
+                // The sender may have published more while this pass ran: take them too (within
+                // the budget) rather than end the pass, whose end costs a fence for the wake
+                // checks and whose next start re-locks the destination.
+                let more = if room == 0 { Ok(0) } else { tx.available(&mem) };
+                match more {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        left = n.min(room);
+                        room -= left;
+                    }
+                    Err(e) => {
+                        if let Some(r) = run.take() {
+                            r.finish(&mut wakes);
+                        }
+                        self.counters.faults.fetch_add(1, Relaxed);
+                        src.fault(FaultReason::TxIndex, &e);
+                        break;
+                    }
+                }
+            }
+            left -= 1;
+            let raw = match tx.peek(&mem) {
                 Ok(Some(r)) => r,
                 Ok(None) => break,
                 Err(e) => {
@@ -348,10 +391,10 @@ impl Worker {
                     break;
                 }
             };
-            s.tx.prefetch(&mem, TX_PREFETCH_AHEAD);
-            let (outcome, peer) = match parse_tx(&src, &raw) {
+            tx.prefetch(&mem, TX_PREFETCH_AHEAD);
+            let (outcome, peer) = match parse_tx(src, &raw) {
                 Err((status, peer)) => (Outcome::Failed(status), peer),
-                Ok((tx, peer)) => match lookup.cached(&peer) {
+                Ok((msg, peer)) => match lookup.cached(&peer) {
                     Some(dest) => {
                         if !run.as_ref().is_some_and(|r| r.is(dest)) {
                             if let Some(r) = run.take() {
@@ -359,7 +402,7 @@ impl Worker {
                             }
                         }
                         let r = run.get_or_insert_with(|| DestRun::open(dest));
-                        (r.deliver(&src, &mem, &tx, peer), peer)
+                        (r.deliver(src, &mem, &msg, peer), peer)
                     }
                     None if lookup.table_changed() => {
                         // The pass's snapshot predates a route bound since (a channel created
@@ -369,7 +412,7 @@ impl Worker {
                         break;
                     }
                     // A message that was waiting for room at a destination since destroyed.
-                    None if s.held_since.is_some() => {
+                    None if held_since.is_some() => {
                         (Outcome::Failed(CompletionStatus::DestinationGone), peer)
                     }
                     None => (Outcome::Failed(CompletionStatus::NoRoute), peer),
@@ -381,18 +424,6 @@ impl Worker {
                     tally.delivered();
                     if let Some(c) = completion {
                         self.completions.push(c);
-                    }
-                    if run
-                        .as_ref()
-                        .is_some_and(|r| r.bytes() >= PUBLISH_EVERY_BYTES)
-                    {
-                        // Bulk DMA-data: let the receiver (and the sender, through its
-                        // completions) see each copy as soon as it is made, so that they can
-                        // re-post and re-send while the next copy runs.
-                        if let Some(r) = run.take() {
-                            r.finish(&mut wakes);
-                        }
-                        wake_src |= src.post_completions(&mut self.completions);
                     }
                     None
                 }
@@ -408,7 +439,7 @@ impl Worker {
                     Some(CompletionStatus::DestinationFaulted)
                 }
                 Outcome::Blocked(status) => {
-                    let since = *s.held_since.get_or_insert_with(|| {
+                    let since = *held_since.get_or_insert_with(|| {
                         tally.holds += 1;
                         Instant::now()
                     });
@@ -423,12 +454,36 @@ impl Worker {
                 tally.error(status);
                 self.completions.push(completion(peer, cookie, status, 0));
             }
-            s.held_since = None;
-            s.tx.skip();
+            *held_since = None;
+            tx.skip();
+            if let Some(r) = run.as_mut().filter(|r| r.bytes() >= PUBLISH_EVERY_BYTES) {
+                // Bulk DMA-data: let the receiver (and the sender, through its completions) see
+                // each copy as soon as it is made, so that they can re-post and re-send while
+                // the next copy runs. The run keeps its lock; the TX slots go back first (see
+                // below); the completions follow the publish at once if the sender's RX side
+                // is free (it may be this very destination), else at the end of the pass. That
+                // side is locked before the publish: taking a lock waits until every earlier
+                // store has reached the cache, and the publish's line is held by the receiver's
+                // core; after it, the publish and the completions travel together.
+                tx.prefetch_incoming(&mem);
+                let src_rx = if self.completions.is_empty() {
+                    None
+                } else {
+                    src.try_lock_rx()
+                };
+                if tx.release(&mem).is_err() || !r.publish(&mut wakes) {
+                    break;
+                }
+                if let Some(rx) = src_rx {
+                    if src.post_completions_locked(rx, &mut self.completions) {
+                        wakes.add(src);
+                    }
+                }
+            }
         }
         // Give the TX slots back before publishing at the destination: whoever sees the messages
         // arrive may count on their slots being free again.
-        let released = s.tx.release(&mem);
+        let released = tx.release(&mem);
         if let Some(r) = run.take() {
             r.finish(&mut wakes);
         }
@@ -437,11 +492,12 @@ impl Worker {
         }
         pass.progress = tally.taken;
         src.counters.add_tx(&tally);
-        wake_src |= src.post_completions(&mut self.completions);
-        wakes.flush();
-        if wake_src {
-            src.wake_if_sleeping(&mem);
+        // The sender's next messages: on their way while the fence and locks below wait.
+        tx.prefetch_incoming(&mem);
+        if src.post_completions(&mut self.completions) {
+            wakes.add(src);
         }
+        wakes.flush();
         pass
     }
 }
