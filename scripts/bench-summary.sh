@@ -3,7 +3,10 @@
 # project's targets:
 #   - engine forwarding: at least 10 M 64-byte messages per second per worker (in batches;
 #     judged on forward/user_data_1w_burst, the other forward rows give context);
-#   - DMA-data at 64 KiB: at least 70 % of plain memcpy bandwidth, measured in the same run.
+#   - DMA-data at 64 KiB: at least 70 % of plain memcpy bandwidth, measured in the same run
+#     (judged on dma/64KiB/engine_vs_memcpy: each sample times the engine and then memcpy back to
+#     back, and the median of the per-sample ratios is taken, so that both halves see the same
+#     moment of a host whose pace drifts; the separate rows give context).
 #
 # Usage: scripts/bench-summary.sh [--no-run] [--strict]
 #   --no-run   do not run the benches; summarise the last results in target/criterion
@@ -88,9 +91,26 @@ for name, workers, what, judged in FORWARD:
         print(f"  {name:36} {per_worker / 1e6:6.2f} M msgs/s per worker = "
               f"{per_worker / TARGET_MSGS:6.1%} of 10 M/s  {verdict(ok):6}  ({what})")
 
-# The target is judged on the streaming row (`engine`: 4 buffers in flight, guests on the other
-# core); `engine_burst` (4 messages queued at once, the worker alone) is shown beside it.
+# The target is judged on the paired ratio of the streaming run (`engine_vs_memcpy`: 4 buffers
+# in flight, guests on the other core, each sample followed at once by as many memcpys); the
+# ratios of the separate rows (`engine`, and `engine_burst`: 4 messages queued at once, the
+# worker alone), measured seconds apart from `memcpy_vec`, are shown beside it.
 for size in ["4KiB", "64KiB"]:
+    paired = root / "dma" / size / "engine_vs_memcpy" / "paired.json"
+    if paired.exists():
+        p = json.loads(paired.read_text())
+        ratios = p["ratios"]
+        ratio = p["median"]
+        line = (f"  dma/{size:6} engine_vs_memcpy {ratio:6.1%} of memcpy: median of "
+                f"{len(ratios)} paired samples ({min(ratios):.0%}-{max(ratios):.0%})")
+        if size == "64KiB":
+            ok = ratio >= 0.70
+            if not ok:
+                missed.append(f"dma/{size}")
+            line += f"  (target 70%) {verdict(ok)}"
+        print(line)
+    elif size == "64KiB":
+        missed.append(f"dma/{size} (no paired result)")
     mc = results.get(f"dma/{size}/memcpy_vec")
     vc = results.get(f"dma/{size}/volatile_copy")
     for row in ["engine", "engine_burst"]:
@@ -98,15 +118,10 @@ for size in ["4KiB", "64KiB"]:
         if not (eng and mc):
             continue
         ratio = eng[2] / mc[2]
-        line = (f"  dma/{size:6} {row:12} {eng[2] / 2**30:6.2f} GiB/s = {ratio:6.1%} of memcpy "
-                f"({mc[2] / 2**30:.2f} GiB/s)")
+        line = (f"  dma/{size:6} {row:16} {ratio:6.1%} of memcpy: {eng[2] / 2**30:6.2f} GiB/s "
+                f"against {mc[2] / 2**30:.2f} GiB/s")
         if vc:
             line += f", {eng[2] / vc[2]:6.1%} of volatile copy ({vc[2] / 2**30:.2f} GiB/s)"
-        if size == "64KiB":
-            ok = ratio >= 0.70
-            if row == "engine" and not ok:
-                missed.append(f"dma/{size}")
-            line += f"  (target 70%) {verdict(ok)}"
         print(line)
 
 if missed and os.environ.get("STRICT") == "1":

@@ -26,6 +26,13 @@
 //!   `VolatileSlice::copy_to_volatile_slice` of the same size. One iteration = one message (or one
 //!   copy); criterion prints bytes/s side by side. The worker polls without pause here (see
 //!   [`spinning_engine`]), as in `forward/user_data_1w_burst` and `_same_core`.
+//! - `dma/<size>/engine_vs_memcpy`: the `engine` run again, each criterion sample followed at
+//!   once by as many `memcpy_vec` copies, timed apart. Criterion prints the engine's half; the
+//!   per-sample ratios of memcpy time to engine time (the engine's bandwidth as a fraction of
+//!   memcpy's, both measured within the same fraction of a second) and their median go to
+//!   `<criterion dir>/dma/<size>/engine_vs_memcpy/paired.json`, on which
+//!   `scripts/bench-summary.sh` judges the DMA target: this host's pace drifts from minute to
+//!   minute, which moves the ratio of two rows measured seconds apart by up to 20 points.
 //! - `dma/<size>/engine_burst`: the worker alone in batches, as `forward/user_data_1w_burst`:
 //!   [`DMA_BURST`] messages queued at once into [`DMA_BURST`] posted buffers, timed until the
 //!   worker has published them all (see [`DmaBench::burst`]).
@@ -609,6 +616,9 @@ fn queue_dma_burst(p: &mut Pair, base: u64, size: u32, already: u64, k: u64, dat
     rx_base
 }
 
+/// Samples per DMA row (criterion's sample size).
+const DMA_SAMPLES: usize = 20;
+
 fn dma(c: &mut Criterion) {
     pin_bench_thread();
     for (size, name) in [(4u32 << 10, "4KiB"), (64 << 10, "64KiB")] {
@@ -618,14 +628,8 @@ fn dma(c: &mut Criterion) {
         let mut g = c.benchmark_group(format!("dma/{name}"));
         g.warm_up_time(Duration::from_secs(1))
             .measurement_time(Duration::from_secs(3))
-            .sample_size(20)
+            .sample_size(DMA_SAMPLES)
             .throughput(Throughput::Bytes(u64::from(size)));
-
-        let (mut bench, _guests) = DmaBench::new(&e, size);
-        g.bench_function("engine", |b| b.iter_custom(|n| bench.run(n)));
-        // `run` leaves every buffer it posted posted again; `burst` takes them as its first
-        // window.
-        g.bench_function("engine_burst", |b| b.iter_custom(|n| bench.burst(n)));
 
         // Both windows page-aligned, like the engine's buffers: with malloc's 16-byte alignment
         // the destination can land 1..63 bytes after the source modulo 4 KiB, where glibc's
@@ -640,6 +644,25 @@ fn dma(c: &mut Criterion) {
         );
         let src = &src_buf[so..so + len];
         let dst = &mut dst_buf[dof..dof + len];
+
+        let (mut bench, _guests) = DmaBench::new(&e, size);
+        g.bench_function("engine", |b| b.iter_custom(|n| bench.run(n)));
+        let mut pairs = Vec::new();
+        g.bench_function("engine_vs_memcpy", |b| {
+            b.iter_custom(|n| {
+                let engine = bench.run(n);
+                let memcpy = memcpy_n(src, dst, n);
+                pairs.push((engine, memcpy));
+                engine
+            })
+        });
+        // Criterion calls the routine once per sample after its warm-up calls: keep the samples.
+        let samples = &pairs[pairs.len().saturating_sub(DMA_SAMPLES)..];
+        write_paired_ratios(&format!("dma/{name}/engine_vs_memcpy"), samples);
+        // `run` leaves every buffer it posted posted again; `burst` takes them as its first
+        // window.
+        g.bench_function("engine_burst", |b| b.iter_custom(|n| bench.burst(n)));
+
         g.bench_function("memcpy_vec", |b| {
             b.iter(|| {
                 dst.copy_from_slice(black_box(src));
@@ -656,6 +679,67 @@ fn dma(c: &mut Criterion) {
         });
         g.finish();
     }
+}
+
+/// Times `n` copies of `src` into `dst`, as the `memcpy_vec` row does.
+fn memcpy_n(src: &[u8], dst: &mut [u8], n: u64) -> Duration {
+    let start = Instant::now();
+    for _ in 0..n {
+        dst.copy_from_slice(black_box(src));
+        black_box(&mut *dst);
+    }
+    start.elapsed()
+}
+
+/// Writes `paired.json` for the `engine_vs_memcpy` row `id` into criterion's directory for it:
+/// per sample, the engine's bandwidth as a fraction of memcpy's (`memcpy time / engine time`
+/// for the same number of bytes, timed back to back), and their median. Both halves of a sample
+/// see the same moment of a host whose pace drifts from minute to minute, so this ratio is
+/// steadier than one of two rows measured seconds apart; `scripts/bench-summary.sh` judges the
+/// DMA target on it.
+fn write_paired_ratios(id: &str, samples: &[(Duration, Duration)]) {
+    let mut ratios: Vec<f64> = samples
+        .iter()
+        .filter(|(e, _)| !e.is_zero())
+        .map(|(e, m)| m.as_secs_f64() / e.as_secs_f64())
+        .collect();
+    if ratios.is_empty() {
+        return;
+    }
+    ratios.sort_by(f64::total_cmp);
+    let median = ratios[ratios.len() / 2];
+    println!(
+        "{id}: engine at {:.1}% of memcpy (median of {} paired samples)",
+        median * 100.0,
+        ratios.len()
+    );
+    let dir = criterion_dir().join(id);
+    let list: Vec<String> = ratios.iter().map(|r| format!("{r:.4}")).collect();
+    let json = format!(
+        "{{\"median\": {median:.4}, \"ratios\": [{}]}}\n",
+        list.join(", ")
+    );
+    if let Err(e) =
+        std::fs::create_dir_all(&dir).and_then(|_| std::fs::write(dir.join("paired.json"), json))
+    {
+        eprintln!("cannot write {}: {e}", dir.display());
+    }
+}
+
+/// Criterion's output directory, found as criterion finds it: `CRITERION_HOME`, else
+/// `$CARGO_TARGET_DIR/criterion`, else `criterion` in the target directory this bench binary
+/// was built into (`<target>/release/deps/engine-*`).
+fn criterion_dir() -> std::path::PathBuf {
+    if let Some(home) = std::env::var_os("CRITERION_HOME") {
+        return home.into();
+    }
+    if let Some(target) = std::env::var_os("CARGO_TARGET_DIR") {
+        return std::path::PathBuf::from(target).join("criterion");
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.ancestors().nth(3).map(|t| t.join("criterion")))
+        .unwrap_or_else(|| "target/criterion".into())
 }
 
 criterion_group!(benches, forwarding, dma);
