@@ -10,6 +10,7 @@ mod config;
 mod counters;
 mod deliver;
 mod rx_lock;
+mod vector_copy;
 pub(crate) mod worker;
 
 use std::collections::HashMap;
