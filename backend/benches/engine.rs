@@ -37,7 +37,8 @@
 //!   runs.
 //!   After the engine rows, a line gives the time of a plain memcpy of the message into each
 //!   of the receiver's posted buffers (see [`DmaBench::print_copy_times_per_buffer`]): on this
-//!   machine some page placements make one of them about 1.5x slower, and the engine with it.
+//!   machine `rep movsb` is about 1.5x slower at some page placements (the engine's AVX2 copy
+//!   is not).
 //! - `dma/<size>/engine_burst`: the worker alone in batches, as `forward/user_data_1w_burst`:
 //!   [`DMA_BURST`] messages queued at once into [`DMA_BURST`] posted buffers, timed until the
 //!   worker has published them all (see [`DmaBench::burst`]).
@@ -547,10 +548,11 @@ impl DmaBench {
 impl DmaBench {
     /// Prints how long a plain memcpy of the message takes into each of the receiver's buffers
     /// (best of 5 x 2000 copies each, from the bench thread), next to `memcpy_vec`'s copy of
-    /// `vec_src` into `vec_dst`. The engine's copies are these copies: when the guests' pages
-    /// happen to be placed badly (this machine's memory makes some source/destination page
-    /// pairs about 1.5x slower to copy, reproducibly within a process), the engine's rate
-    /// falls with them, whatever the engine does. Call it with nothing in flight.
+    /// `vec_src` into `vec_dst`. glibc's `rep movsb` is about 1.5x slower for some pairs of
+    /// source and destination pages on this machine, reproducibly within a process; the engine
+    /// copies with its own AVX2 loop, which is not (see `engine/vector_copy.rs`), so a slow
+    /// buffer here shows the placement, and `memcpy_vec` may be on such a pair too. Call it
+    /// with nothing in flight.
     fn print_copy_times_per_buffer(&self, vec_src: &[u8], vec_dst: &mut [u8]) {
         let len = self.size as usize;
         let tx = self.pair.tx.region().slice();
