@@ -315,13 +315,7 @@ fn forward_burst(p: &mut Pair, n: u64, out: &mut Vec<Message>) -> Duration {
     while left > 0 {
         let burst = left.min(u64::from(BURST));
         let base = queue_burst(p, burst);
-        let start = Instant::now();
-        p.tx.flush().unwrap();
-        while rx_published(p, base) < burst {
-            std::hint::spin_loop();
-            assert!(start.elapsed() < STALL, "burst stalled");
-        }
-        wall += start.elapsed();
+        wall += flush_until_published(p, base, burst);
         drain(p, burst, out);
         left -= burst;
     }
@@ -376,6 +370,22 @@ fn queue_burst(p: &mut Pair, burst: u64) -> u32 {
 }
 
 /// Messages the worker has published into the receiver's RX ring since its head was `base`.
+/// Publishes the sender's queued messages and times until the worker has published `n`
+/// messages into the receiver's RX ring beyond `base` (watching the RX head, not consuming).
+fn flush_until_published(p: &mut Pair, base: u32, n: u64) -> Duration {
+    let start = Instant::now();
+    p.tx.flush().unwrap();
+    while rx_published(p, base) < n {
+        std::hint::spin_loop();
+        assert!(
+            start.elapsed() < STALL,
+            "burst stalled at {}/{n}",
+            rx_published(p, base)
+        );
+    }
+    start.elapsed()
+}
+
 fn rx_published(p: &Pair, base: u32) -> u64 {
     let head =
         p.rx.region()
@@ -615,13 +625,7 @@ impl DmaBench {
             let k = left.min(DMA_BURST);
             let rx_base = queue_dma_burst(p, base, self.size, self.credits, k, data);
             self.credits = self.credits.saturating_sub(k);
-            let start = Instant::now();
-            p.tx.flush().unwrap();
-            while rx_published(p, rx_base) < k {
-                std::hint::spin_loop();
-                assert!(start.elapsed() < STALL, "DMA burst stalled");
-            }
-            wall += start.elapsed();
+            wall += flush_until_published(p, rx_base, k);
             let (mut received, mut completed) = (0, 0);
             while received < k || completed < k {
                 self.out.clear();

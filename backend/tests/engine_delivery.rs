@@ -500,17 +500,10 @@ impl svnic_guest::Doorbell for MutedDoorbell {
 
 /// A channel of `g` (4096-slot rings) whose client never rings the engine's doorbell, and the
 /// guest address of its region.
-fn open_muted(engine: &Engine, g: &mut FakeGuest, endpoint: u32) -> (svnic_guest::Channel, u64) {
+fn open_muted(g: &mut FakeGuest, endpoint: u32) -> (svnic_guest::Channel, u64) {
     let len = svnic_channels::layout::DEFAULT_REGION_LEN;
-    let addr = g.alloc(len);
-    engine
-        .create_channel(g.id, &g.request(endpoint, 4096, addr, len))
-        .unwrap();
-    let region = svnic_channels::SharedRegion::from_guest_memory(g.mem.clone(), addr, len).unwrap();
-    let ch =
-        svnic_guest::Channel::attach(region, g.addr(endpoint), std::sync::Arc::new(MutedDoorbell))
-            .unwrap();
-    (ch, addr)
+    g.open_with_doorbell(endpoint, 4096, len, std::sync::Arc::new(MutedDoorbell))
+        .unwrap()
 }
 
 /// Waits until the (only) worker blocks on its doorbell: it advertises sleeping in the header of
@@ -549,9 +542,9 @@ fn a_busy_sender_cannot_starve_another_channel_of_its_worker() {
     let mut ga = FakeGuest::new(&engine, 1, 8);
     let mut gb = FakeGuest::new(&engine, 2, 8);
     // Created first, so served first in a pass.
-    let (mut busy, busy_region) = open_muted(&engine, &mut ga, 10);
-    let (mut quiet, _) = open_muted(&engine, &mut ga, 11);
-    let (mut rx, _) = open_muted(&engine, &mut gb, 20);
+    let (mut busy, busy_region) = open_muted(&mut ga, 10);
+    let (mut quiet, _) = open_muted(&mut ga, 11);
+    let (mut rx, _) = open_muted(&mut gb, 20);
     let dest = gb.addr(20);
     for round in 0..3u64 {
         wait_worker_asleep(&engine, &ga, busy_region);

@@ -180,12 +180,8 @@ impl EngineChannel {
             let mut rx = self.lock_rx();
             if rx.open {
                 self.mem().set_fault(reason);
-                rx.open = false;
             }
-            let dropped = rx.backlog.len() as u64;
-            rx.backlog.clear();
-            self.note_backlog(&rx);
-            self.counters.add_completions(0, dropped);
+            self.close_rx(&mut rx);
         }
     }
 
@@ -194,10 +190,16 @@ impl EngineChannel {
     pub(crate) fn close(&self) {
         self.state.store(DESTROYED, Ordering::Release);
         let mut rx = self.lock_rx();
+        self.close_rx(&mut rx);
+    }
+
+    /// Closes `rx` (this channel's RX side, locked by the caller): nothing is written into the
+    /// channel any more, and the completions still in its backlog are dropped (and counted).
+    fn close_rx(&self, rx: &mut RxSide) {
         rx.open = false;
         let dropped = rx.backlog.len() as u64;
         rx.backlog.clear();
-        self.note_backlog(&rx);
+        self.note_backlog(rx);
         self.counters.add_completions(0, dropped);
     }
 

@@ -180,57 +180,55 @@ impl<'d> DestRun<'d> {
     }
 
     /// Publishes what the run wrote so far without unlocking (bulk DMA-data, so that the
-    /// receiver sees each copy while the next one runs), counts it, and adds the destination
-    /// to `wakes`. False if the RX index is broken: the caller then ends the run with
-    /// [`DestRun::finish`], which faults the destination.
+    /// receiver sees each copy while the next one runs), and adds the destination to `wakes`.
+    /// False if the RX index is broken: the caller then ends the run with [`DestRun::finish`],
+    /// which faults the destination.
     pub fn publish(&mut self, wakes: &mut PendingWakes<'d>) -> bool {
+        match self.publish_written() {
+            Ok(published) => {
+                if published {
+                    wakes.add(self.dest);
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Publishes what the run wrote (if the channel is still open), unlocks, and adds the
+    /// destination to `wakes`. A broken RX index faults the destination.
+    pub fn finish(mut self, wakes: &mut PendingWakes<'d>) {
+        let result = self.publish_written();
+        let dest = self.dest;
+        // Unlock before the wake check or the fault (which takes the lock).
+        drop(self);
+        match result {
+            Ok(true) => wakes.add(dest),
+            Ok(false) => {}
+            Err(e) => dest.fault(FaultReason::RxIndex, &e),
+        }
+    }
+
+    /// Counts and publishes what the run wrote since its last publish; true if it published
+    /// anything. On an error the messages stay unpublished (counted once), so that
+    /// [`DestRun::finish`] meets the error again and faults the destination.
+    fn publish_written(&mut self) -> Result<bool, RingError> {
         if !self.wrote {
-            return true;
-        }
-        if !self.rx.open {
-            return true;
-        }
-        // The receiver re-posts and the sender re-sends as soon as they see this: have their
-        // lines on the way while the publishes below wait for the cache.
-        self.rx.post.prefetch_incoming(&self.mem);
-        if self.rx.rx.publish(&self.mem).is_err() {
-            return false;
+            return Ok(false);
         }
         self.dest.counters.add_rx(
             std::mem::take(&mut self.messages),
             std::mem::take(&mut self.bytes),
         );
+        if !self.rx.open {
+            return Ok(false);
+        }
+        // The receiver re-posts and the sender re-sends as soon as they see this: have their
+        // lines on the way while the publish waits for the cache.
+        self.rx.post.prefetch_incoming(&self.mem);
+        self.rx.rx.publish(&self.mem)?;
         self.wrote = false;
-        wakes.add(self.dest);
-        true
-    }
-
-    /// Publishes what the run wrote (if the channel is still open), unlocks, counts, and adds
-    /// the destination to `wakes`. A broken RX index faults the destination.
-    pub fn finish(self, wakes: &mut PendingWakes<'d>) {
-        let DestRun {
-            dest,
-            mem,
-            mut rx,
-            wrote,
-            messages,
-            bytes,
-        } = self;
-        if !wrote {
-            return;
-        }
-        dest.counters.add_rx(messages, bytes);
-        let result = if rx.open {
-            rx.post.prefetch_incoming(&mem);
-            rx.rx.publish(&mem)
-        } else {
-            Ok(())
-        };
-        drop(rx);
-        match result {
-            Ok(()) => wakes.add(dest),
-            Err(e) => dest.fault(FaultReason::RxIndex, &e),
-        }
+        Ok(true)
     }
 }
 

@@ -352,6 +352,8 @@ impl Worker {
             table: self.control.routes(),
             last: None,
         };
+        // The sender's TX indices turned out impossible: it is faulted at the end of the pass.
+        let mut tx_broken = None;
         // Messages of this pass not taken yet, and what is left of the budget beyond them.
         let mut left = avail.min(budget);
         let mut room = budget - left;
@@ -368,11 +370,7 @@ impl Worker {
                         room -= left;
                     }
                     Err(e) => {
-                        if let Some(r) = run.take() {
-                            r.finish(&mut wakes);
-                        }
-                        self.counters.faults.fetch_add(1, Relaxed);
-                        src.fault(FaultReason::TxIndex, &e);
+                        tx_broken = Some(e);
                         break;
                     }
                 }
@@ -382,12 +380,7 @@ impl Worker {
                 Ok(Some(r)) => r,
                 Ok(None) => break,
                 Err(e) => {
-                    // Unlock first: the destination may be this very channel.
-                    if let Some(r) = run.take() {
-                        r.finish(&mut wakes);
-                    }
-                    self.counters.faults.fetch_add(1, Relaxed);
-                    src.fault(FaultReason::TxIndex, &e);
+                    tx_broken = Some(e);
                     break;
                 }
             };
@@ -487,7 +480,10 @@ impl Worker {
         if let Some(r) = run.take() {
             r.finish(&mut wakes);
         }
-        if let Err(e) = released {
+        // After the run is finished: the destination may be this very channel, and a fault
+        // takes its lock.
+        if let Some(e) = tx_broken.or(released.err()) {
+            self.counters.faults.fetch_add(1, Relaxed);
             src.fault(FaultReason::TxIndex, &e);
         }
         pass.progress = tally.taken;

@@ -162,11 +162,25 @@ impl FakeGuest {
         ring_size: u32,
         len: u64,
     ) -> Result<Channel, FailureReason> {
+        let doorbell = Arc::new(EngineDoorbell(self.engine.clone()));
+        self.open_with_doorbell(endpoint, ring_size, len, doorbell)
+            .map(|(ch, _)| ch)
+    }
+
+    /// As [`FakeGuest::open_with`], with the client ringing `doorbell`; also returns the guest
+    /// address of the channel's region.
+    pub fn open_with_doorbell(
+        &mut self,
+        endpoint: u32,
+        ring_size: u32,
+        len: u64,
+        doorbell: Arc<dyn Doorbell>,
+    ) -> Result<(Channel, u64), FailureReason> {
         let addr = self.alloc(len);
         let req = self.request(endpoint, ring_size, addr, len);
         let info = self.engine.create_channel(self.id, &req)?;
         assert_eq!(info.addr, self.addr(endpoint));
-        Ok(self.attach(addr, len, endpoint))
+        Ok((self.attach_with(addr, len, endpoint, doorbell), addr))
     }
 
     pub fn open(&mut self, endpoint: u32) -> Channel {
@@ -174,13 +188,20 @@ impl FakeGuest {
     }
 
     pub fn attach(&self, addr: u64, len: u64, endpoint: u32) -> Channel {
+        let doorbell = Arc::new(EngineDoorbell(self.engine.clone()));
+        self.attach_with(addr, len, endpoint, doorbell)
+    }
+
+    /// The client side of the channel at `addr`, ringing `doorbell`.
+    pub fn attach_with(
+        &self,
+        addr: u64,
+        len: u64,
+        endpoint: u32,
+        doorbell: Arc<dyn Doorbell>,
+    ) -> Channel {
         let region = SharedRegion::from_guest_memory(self.mem.clone(), addr, len).unwrap();
-        Channel::attach(
-            region,
-            self.addr(endpoint),
-            Arc::new(EngineDoorbell(self.engine.clone())),
-        )
-        .unwrap()
+        Channel::attach(region, self.addr(endpoint), doorbell).unwrap()
     }
 }
 
