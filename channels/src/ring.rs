@@ -13,9 +13,9 @@
 //! consumer stores its own index with `Release` after it has read the slots, and the producer
 //! loads it with `Acquire` before reusing them, so a slot is never overwritten while being read.
 
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{fence, AtomicU32, Ordering};
 
-use vm_memory::{Bytes, VolatileArrayRef, VolatileMemory, VolatileSlice};
+use vm_memory::{Bytes, VolatileMemory, VolatileSlice};
 
 use crate::error::{LayoutError, RingError};
 use crate::layout::{header, ChannelLayout, CHANNEL_MAGIC, CHANNEL_VERSION};
@@ -24,6 +24,8 @@ use crate::status::FaultReason;
 
 /// A ring slot (one message) in 64-bit words.
 const SLOT_WORDS: usize = MESSAGE_SIZE / 8;
+// The slot accessors walk a message in 8-byte chunks: exactly SLOT_WORDS of them.
+const _: () = assert!(SLOT_WORDS * 8 == MESSAGE_SIZE);
 
 /// The three rings of a channel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -196,21 +198,34 @@ impl<'a> ChannelMem<'a> {
     }
 
     fn load(&self, off: usize, order: Ordering) -> Result<u32, RingError> {
-        self.mem
-            .load::<u32>(off, order)
-            .map_err(|_| RingError::Memory {
-                ring: "header",
-                offset: off,
-            })
+        self.with_u32(off, |a| a.load(order))
     }
 
     fn store(&self, off: usize, v: u32, order: Ordering) -> Result<(), RingError> {
-        self.mem
-            .store::<u32>(v, off, order)
-            .map_err(|_| RingError::Memory {
+        self.with_u32(off, |a| a.store(v, order))
+    }
+
+    /// Runs `f` on the 32-bit word at `off` of the region as an atomic: one bounds and alignment
+    /// check, then a plain atomic access. (vm-memory's `load`/`store` do the same through more
+    /// layers; indices are read and written several times per message on both sides.)
+    #[inline]
+    fn with_u32<R>(&self, off: usize, f: impl FnOnce(&AtomicU32) -> R) -> Result<R, RingError> {
+        let guard = self.mem.ptr_guard_mut();
+        let ptr = guard.as_ptr().wrapping_add(off);
+        let inside = off.checked_add(4).is_some_and(|end| end <= self.mem.len());
+        if !inside || ptr as usize % std::mem::align_of::<AtomicU32>() != 0 {
+            return Err(RingError::Memory {
                 ring: "header",
                 offset: off,
-            })
+            });
+        }
+        // SAFETY: the 4 bytes at `ptr` lie inside the slice (checked above), which stays mapped
+        // while `guard` lives (to the end of this function, and `f` cannot keep the reference);
+        // `ptr` is aligned for AtomicU32 (checked above). The memory is shared with the guest,
+        // which may write it at any time: every access here is atomic, as with vm-memory's own
+        // atomic accessors.
+        let atomic = unsafe { AtomicU32::from_ptr(ptr.cast::<u32>()) };
+        Ok(f(atomic))
     }
 
     /// Engine side: records a fault in the header (the guest can read why its channel stopped).
@@ -259,45 +274,56 @@ impl<'a> ChannelMem<'a> {
         kind.base(&self.layout) + (index & self.layout.mask()) as usize * MESSAGE_SIZE
     }
 
-    /// The slot of `index` in ring `kind`, as [`SLOT_WORDS`] 64-bit words.
-    fn slot_words(
+    /// Runs `f` on the slot of `index` in ring `kind`, as a pointer to [`SLOT_WORDS`] aligned
+    /// 64-bit words: one bounds and alignment check per message.
+    #[inline]
+    fn with_slot<R>(
         &self,
         kind: RingKind,
         index: u32,
-    ) -> Result<VolatileArrayRef<'_, u64, ()>, RingError> {
+        f: impl FnOnce(*mut u64) -> R,
+    ) -> Result<R, RingError> {
         let off = self.slot_offset(kind, index);
-        self.mem
-            .get_array_ref::<u64>(off, SLOT_WORDS)
-            .map_err(|_| RingError::Memory {
+        let guard = self.mem.ptr_guard_mut();
+        let ptr = guard.as_ptr().wrapping_add(off);
+        let inside = off
+            .checked_add(MESSAGE_SIZE)
+            .is_some_and(|end| end <= self.mem.len());
+        if !inside || ptr as usize % std::mem::align_of::<u64>() != 0 {
+            return Err(RingError::Memory {
                 ring: kind.name(),
                 offset: off,
-            })
+            });
+        }
+        Ok(f(ptr.cast::<u64>()))
     }
 
-    // Slots are read and written as eight volatile 64-bit accesses (unaligned-safe: vm-memory
-    // goes through a packed type) rather than with `read_obj`/`write_obj`, whose generic byte
-    // path zeroes a temporary and calls `memcpy`. This is the per-message cost of every ring
-    // operation, engine and client alike: push + pop went from 165 to 112 instructions
-    // (callgrind, benches/ring.rs), 22% less time.
+    // Slots are read and written as eight volatile 64-bit accesses rather than with
+    // `read_obj`/`write_obj`, whose generic byte path zeroes a temporary and calls `memcpy`: this
+    // is the per-message cost of every ring operation, engine and client alike.
     fn read_slot(&self, kind: RingKind, index: u32) -> Result<RawMessage, RingError> {
-        let mut words = [0u64; SLOT_WORDS];
-        self.slot_words(kind, index)?.copy_to(&mut words);
-        let mut msg = RawMessage::default();
-        for (bytes, word) in msg.0.chunks_exact_mut(8).zip(words) {
-            bytes.copy_from_slice(&word.to_ne_bytes());
-        }
-        Ok(msg)
+        self.with_slot(kind, index, |words| {
+            let mut msg = RawMessage::default();
+            for (i, bytes) in msg.0.chunks_exact_mut(8).enumerate() {
+                // SAFETY: `words` points to SLOT_WORDS aligned u64 inside the mapped slice (see
+                // `with_slot`, whose guard keeps it mapped during this call) and i < SLOT_WORDS.
+                // A volatile read: the guest may be writing the slot; we get some value of it.
+                let word = unsafe { words.wrapping_add(i).read_volatile() };
+                bytes.copy_from_slice(&word.to_ne_bytes());
+            }
+            msg
+        })
     }
 
     fn write_slot(&self, kind: RingKind, index: u32, msg: &RawMessage) -> Result<(), RingError> {
-        let mut words = [0u64; SLOT_WORDS];
-        for (word, bytes) in words.iter_mut().zip(msg.0.chunks_exact(8)) {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(bytes);
-            *word = u64::from_ne_bytes(b);
-        }
-        self.slot_words(kind, index)?.copy_from(&words);
-        Ok(())
+        self.with_slot(kind, index, |words| {
+            for (i, bytes) in msg.0.chunks_exact(8).enumerate() {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(bytes);
+                // SAFETY: as in `read_slot`; a volatile write into memory the guest shares.
+                unsafe { words.wrapping_add(i).write_volatile(u64::from_ne_bytes(b)) };
+            }
+        })
     }
 }
 
