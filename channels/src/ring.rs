@@ -1,7 +1,9 @@
 //! Access to a channel region in shared memory, for both sides and both roles.
 //!
-//! All access goes through a [`VolatileSlice`] (vm-memory): bounds-checked, volatile, and atomic
-//! for the indices. The memory is shared with a party we do not trust, so:
+//! All access is within a [`VolatileSlice`] (vm-memory) of the region: bounds-checked, volatile
+//! for slots and atomic for indices (the per-message accessors check bounds and alignment once,
+//! then access the slice's memory directly). The memory is shared with a party we do not trust,
+//! so:
 //! - each side keeps its *own* index in a private field and only ever writes it out; it never reads
 //!   its own index back from shared memory (the other side could have scribbled on it);
 //! - each index read from the other side is checked against what is possible before it is used:
