@@ -133,6 +133,46 @@ impl RawMessage {
         valid.then(|| (self.peer(), self.0[OFF_FLAGS]))
     }
 
+    /// The message as DMA-data if [`RawMessage::decode`] would decode it as such, checked the
+    /// same way without building a [`Message`]: the engine's path for each TX DMA-data message.
+    #[inline]
+    pub fn dma_data(&self) -> Option<DmaData> {
+        let valid = self.0[OFF_KIND] == KIND_DMA
+            && self.0[OFF_FLAGS] & !FLAG_COMPLETE == 0
+            && self.u16_at(OFF_LEN) == 0
+            && self.u16_at(OFF_STATUS) == 0
+            && self.reserved_tail_is_zero();
+        valid.then(|| DmaData {
+            peer: self.peer(),
+            flags: self.0[OFF_FLAGS],
+            cookie: self.cookie(),
+            data: self.data_ref(),
+        })
+    }
+
+    /// The message as a posted buffer if [`RawMessage::decode`] would decode it as such, checked
+    /// the same way without building a [`Message`]: the engine's path for each buffer it fills.
+    #[inline]
+    pub fn post_buffer(&self) -> Option<PostBuffer> {
+        let valid = self.0[OFF_KIND] == KIND_POST
+            && self.0[OFF_FLAGS] == 0
+            && self.u16_at(OFF_LEN) == 0
+            && self.u16_at(OFF_STATUS) == 0
+            && self.reserved_tail_is_zero()
+            && self.peer() == ChannelAddr::default();
+        valid.then(|| PostBuffer {
+            cookie: self.cookie(),
+            buf: self.data_ref(),
+        })
+    }
+
+    fn data_ref(&self) -> DataRef {
+        DataRef {
+            offset: self.u64_at(OFF_ADDR),
+            len: self.u32_at(OFF_DLEN),
+        }
+    }
+
     /// This message with its peer and flags replaced, everything else (kind, length, cookie,
     /// payload) kept: how a TX user-data message becomes the RX one (sender as peer, COMPLETE).
     #[inline]
@@ -206,10 +246,7 @@ impl RawMessage {
                 check_flags(name, allowed)?;
                 check_zero(name, len == 0 && status == 0)?;
                 check_zero(name, self.reserved_tail_is_zero())?;
-                let buf = DataRef {
-                    offset: self.u64_at(OFF_ADDR),
-                    len: self.u32_at(OFF_DLEN),
-                };
+                let buf = self.data_ref();
                 if kind == KIND_DMA {
                     Ok(Message::DmaData(DmaData {
                         peer,
@@ -487,6 +524,32 @@ mod tests {
                 }
                 _ => prop_assert_eq!(raw.user_data_peer(), None),
             }
+        }
+
+        #[test]
+        fn dma_and_post_fast_paths_agree_with_decode(
+            m in message(),
+            at in 0usize..64,
+            value in any::<u8>(),
+            mutate in any::<bool>(),
+        ) {
+            // Valid messages of every kind, and the same with one byte changed: near misses of
+            // every check (kind, flags, length, status, reserved bytes, peer of a post).
+            let mut raw = m.encode();
+            if mutate {
+                raw.0[at] = value;
+            }
+            let decoded = raw.decode();
+            let as_dma = match decoded {
+                Ok(Message::DmaData(d)) => Some(d),
+                _ => None,
+            };
+            let as_post = match decoded {
+                Ok(Message::PostBuffer(p)) => Some(p),
+                _ => None,
+            };
+            prop_assert_eq!(raw.dma_data(), as_dma);
+            prop_assert_eq!(raw.post_buffer(), as_post);
         }
 
         #[test]

@@ -64,8 +64,10 @@ pub(crate) fn parse_tx<'m>(
     if let Some((peer, flags)) = raw.user_data_peer() {
         return Ok((Tx::User { raw, flags }, peer));
     }
-    match raw.decode() {
-        Ok(Message::DmaData(d)) => {
+    // User-data is taken by the fast path above whenever it is valid; anything else that is
+    // not valid DMA-data is refused.
+    match raw.dma_data() {
+        Some(d) => {
             if src
                 .layout
                 .data_range_ok(d.data.offset, d.data.len.into(), false)
@@ -75,8 +77,7 @@ pub(crate) fn parse_tx<'m>(
                 Err((CompletionStatus::AddressOutOfRange, d.peer))
             }
         }
-        // User-data is taken by the fast path above whenever it is valid.
-        Ok(_) | Err(_) => Err((CompletionStatus::BadMessage, ChannelAddr::default())),
+        None => Err((CompletionStatus::BadMessage, ChannelAddr::default())),
     }
 }
 
@@ -299,16 +300,10 @@ fn deliver_dma(
             Ok(None) => return Outcome::Blocked(CompletionStatus::NoBuffer),
             Err(e) => return Outcome::DestinationBroken(FaultReason::PostIndex, e),
         };
-        let usable = match post.decode() {
-            Ok(Message::PostBuffer(p))
-                if dest
-                    .layout
-                    .data_range_ok(p.buf.offset, p.buf.len.into(), false) =>
-            {
-                Some(p)
-            }
-            _ => None,
-        };
+        let usable = post.post_buffer().filter(|p| {
+            dest.layout
+                .data_range_ok(p.buf.offset, p.buf.len.into(), false)
+        });
         let Some(p) = usable else {
             // A posted buffer outside the data area (or not a post at all): refuse it with a
             // completion on the destination's own RX ring, and look at the next one.
