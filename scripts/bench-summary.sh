@@ -4,9 +4,10 @@
 #   - engine forwarding: at least 10 M 64-byte messages per second per worker (in batches;
 #     judged on forward/user_data_1w_burst, the other forward rows give context);
 #   - DMA-data at 64 KiB: at least 70 % of plain memcpy bandwidth, measured in the same run
-#     (judged on dma/64KiB/engine_vs_memcpy: each sample times the engine and then memcpy back to
-#     back, and the median of the per-sample ratios is taken, so that both halves see the same
-#     moment of a host whose pace drifts; the separate rows give context).
+#     (judged on dma/64KiB/engine_vs_memcpy: within each sample the engine and memcpy alternate
+#     in chunks of 256 messages, each half timed on its own, and the median of the per-sample
+#     ratios is taken, so that both halves see the same moments of a host whose pace drifts;
+#     the separate rows give context).
 #
 # Usage: scripts/bench-summary.sh [--no-run] [--strict]
 #   --no-run   do not run the benches; summarise the last results in target/criterion
@@ -92,7 +93,7 @@ for name, workers, what, judged in FORWARD:
               f"{per_worker / TARGET_MSGS:6.1%} of 10 M/s  {verdict(ok):6}  ({what})")
 
 # The target is judged on the paired ratio of the streaming run (`engine_vs_memcpy`: 4 buffers
-# in flight, guests on the other core, each sample followed at once by as many memcpys); the
+# in flight, guests on the other core, alternating with as many memcpys within each sample); the
 # ratios of the separate rows (`engine`, and `engine_burst`: 4 messages queued at once, the
 # worker alone), measured seconds apart from `memcpy_vec`, are shown beside it.
 for size in ["4KiB", "64KiB"]:

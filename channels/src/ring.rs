@@ -212,22 +212,34 @@ impl<'a> ChannelMem<'a> {
     /// layers; indices are read and written several times per message on both sides.)
     #[inline]
     fn with_u32<R>(&self, off: usize, f: impl FnOnce(&AtomicU32) -> R) -> Result<R, RingError> {
+        self.with_ptr::<AtomicU32, R>(off, "header", |ptr| {
+            // SAFETY: `with_ptr` checked that the 4 bytes at `ptr` lie inside the slice and are
+            // aligned for AtomicU32, and keeps them mapped while `f` runs (which cannot keep the
+            // reference). The guest may write them at any time: every access here is atomic, as
+            // with vm-memory's own atomic accessors.
+            f(unsafe { AtomicU32::from_ptr(ptr.cast::<u32>()) })
+        })
+    }
+
+    /// Runs `f` on the address of the `size_of::<T>()` bytes at `off` of the region, after
+    /// checking that they lie inside it and that the address is aligned for `T`; the region
+    /// stays mapped while `f` runs. `ring` names the ring in the error otherwise.
+    #[inline]
+    fn with_ptr<T, R>(
+        &self,
+        off: usize,
+        ring: &'static str,
+        f: impl FnOnce(*mut u8) -> R,
+    ) -> Result<R, RingError> {
         let guard = self.mem.ptr_guard_mut();
         let ptr = guard.as_ptr().wrapping_add(off);
-        let inside = off.checked_add(4).is_some_and(|end| end <= self.mem.len());
-        if !inside || ptr as usize % std::mem::align_of::<AtomicU32>() != 0 {
-            return Err(RingError::Memory {
-                ring: "header",
-                offset: off,
-            });
+        let inside = off
+            .checked_add(std::mem::size_of::<T>())
+            .is_some_and(|end| end <= self.mem.len());
+        if !inside || ptr as usize % std::mem::align_of::<T>() != 0 {
+            return Err(RingError::Memory { ring, offset: off });
         }
-        // SAFETY: the 4 bytes at `ptr` lie inside the slice (checked above), which stays mapped
-        // while `guard` lives (to the end of this function, and `f` cannot keep the reference);
-        // `ptr` is aligned for AtomicU32 (checked above). The memory is shared with the guest,
-        // which may write it at any time: every access here is atomic, as with vm-memory's own
-        // atomic accessors.
-        let atomic = unsafe { AtomicU32::from_ptr(ptr.cast::<u32>()) };
-        Ok(f(atomic))
+        Ok(f(ptr))
     }
 
     /// Engine side: records a fault in the header (the guest can read why its channel stopped).
@@ -286,18 +298,7 @@ impl<'a> ChannelMem<'a> {
         f: impl FnOnce(*mut u64) -> R,
     ) -> Result<R, RingError> {
         let off = self.slot_offset(kind, index);
-        let guard = self.mem.ptr_guard_mut();
-        let ptr = guard.as_ptr().wrapping_add(off);
-        let inside = off
-            .checked_add(MESSAGE_SIZE)
-            .is_some_and(|end| end <= self.mem.len());
-        if !inside || ptr as usize % std::mem::align_of::<u64>() != 0 {
-            return Err(RingError::Memory {
-                ring: kind.name(),
-                offset: off,
-            });
-        }
-        Ok(f(ptr.cast::<u64>()))
+        self.with_ptr::<[u64; SLOT_WORDS], R>(off, kind.name(), |ptr| f(ptr.cast::<u64>()))
     }
 
     // Slots are read and written as eight volatile 64-bit accesses rather than with
@@ -308,7 +309,7 @@ impl<'a> ChannelMem<'a> {
             let mut msg = RawMessage::default();
             for (i, bytes) in msg.0.chunks_exact_mut(8).enumerate() {
                 // SAFETY: `words` points to SLOT_WORDS aligned u64 inside the mapped slice (see
-                // `with_slot`, whose guard keeps it mapped during this call) and i < SLOT_WORDS.
+                // `with_slot`, which keeps it mapped during this call) and i < SLOT_WORDS.
                 // A volatile read: the guest may be writing the slot; we get some value of it.
                 let word = unsafe { words.wrapping_add(i).read_volatile() };
                 bytes.copy_from_slice(&word.to_ne_bytes());
@@ -684,6 +685,32 @@ mod tests {
         // ... and backwards.
         m.store(header::RX_TAIL, 0, Ordering::Relaxed).unwrap();
         assert!(p.free(&m).is_err());
+    }
+
+    #[test]
+    fn a_misaligned_region_gives_errors_not_wild_accesses() {
+        // A region whose mapping starts 4 bytes off an 8-byte boundary: every index is still
+        // 4-aligned, no slot is 8-aligned; one starting 1 byte off aligns nothing.
+        let layout = ChannelLayout::new(16, 64 << 10).unwrap();
+        let mut buf = region((64 << 10) + 8);
+        let whole = mem_of(&mut buf);
+        let off4 = ChannelMem::new(whole.offset(4).unwrap(), layout).unwrap();
+        off4.init_header(1, 0, None).unwrap();
+        let mut tx = Producer::new(RingKind::Tx, &layout);
+        assert!(matches!(
+            tx.push(&off4, &msg(1)),
+            Err(RingError::Memory { ring: "TX", .. })
+        ));
+        let off1 = ChannelMem::new(whole.offset(1).unwrap(), layout).unwrap();
+        assert!(matches!(
+            off1.init_header(1, 0, None),
+            Err(RingError::Memory { ring: "header", .. })
+        ));
+        let mut rx = Consumer::new(RingKind::Tx, &layout);
+        assert!(matches!(
+            rx.available(&off1),
+            Err(RingError::Memory { ring: "header", .. })
+        ));
     }
 
     #[test]
