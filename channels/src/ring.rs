@@ -212,23 +212,28 @@ impl<'a> ChannelMem<'a> {
     /// layers; indices are read and written several times per message on both sides.)
     #[inline]
     fn with_u32<R>(&self, off: usize, f: impl FnOnce(&AtomicU32) -> R) -> Result<R, RingError> {
-        self.with_ptr::<AtomicU32, R>(off, "header", |ptr| {
-            // SAFETY: `with_ptr` checked that the 4 bytes at `ptr` lie inside the slice and are
-            // aligned for AtomicU32, and keeps them mapped while `f` runs (which cannot keep the
-            // reference). The guest may write them at any time: every access here is atomic, as
-            // with vm-memory's own atomic accessors.
-            f(unsafe { AtomicU32::from_ptr(ptr.cast::<u32>()) })
-        })
+        self.with_ptr::<AtomicU32, R>(
+            off,
+            || "header",
+            |ptr| {
+                // SAFETY: `with_ptr` checked that the 4 bytes at `ptr` lie inside the slice and are
+                // aligned for AtomicU32, and keeps them mapped while `f` runs (which cannot keep the
+                // reference). The guest may write them at any time: every access here is atomic, as
+                // with vm-memory's own atomic accessors.
+                f(unsafe { AtomicU32::from_ptr(ptr.cast::<u32>()) })
+            },
+        )
     }
 
     /// Runs `f` on the address of the `size_of::<T>()` bytes at `off` of the region, after
     /// checking that they lie inside it and that the address is aligned for `T`; the region
-    /// stays mapped while `f` runs. `ring` names the ring in the error otherwise.
+    /// stays mapped while `f` runs. `ring` names the ring in the error otherwise (called only
+    /// then: looking the name up first costs two loads per access on the hot path).
     #[inline]
     fn with_ptr<T, R>(
         &self,
         off: usize,
-        ring: &'static str,
+        ring: impl FnOnce() -> &'static str,
         f: impl FnOnce(*mut u8) -> R,
     ) -> Result<R, RingError> {
         let guard = self.mem.ptr_guard_mut();
@@ -237,7 +242,10 @@ impl<'a> ChannelMem<'a> {
             .checked_add(std::mem::size_of::<T>())
             .is_some_and(|end| end <= self.mem.len());
         if !inside || ptr as usize % std::mem::align_of::<T>() != 0 {
-            return Err(RingError::Memory { ring, offset: off });
+            return Err(RingError::Memory {
+                ring: ring(),
+                offset: off,
+            });
         }
         Ok(f(ptr))
     }
@@ -298,7 +306,7 @@ impl<'a> ChannelMem<'a> {
         f: impl FnOnce(*mut u64) -> R,
     ) -> Result<R, RingError> {
         let off = self.slot_offset(kind, index);
-        self.with_ptr::<[u64; SLOT_WORDS], R>(off, kind.name(), |ptr| f(ptr.cast::<u64>()))
+        self.with_ptr::<[u64; SLOT_WORDS], R>(off, || kind.name(), |ptr| f(ptr.cast::<u64>()))
     }
 
     // Slots are read and written as eight volatile 64-bit accesses rather than with
