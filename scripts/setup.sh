@@ -8,6 +8,9 @@ command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 # `ip` (network namespaces and veth pairs for the guest agent's tests, which skip without it).
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+# kill(1), with which the VM tests stop QEMU (tests/src/vm.rs). `type -P` looks on PATH only:
+# bash's builtin `kill` would otherwise hide a missing procps (absent from minimal images).
+type -P kill >/dev/null 2>&1 || need_apt+=(procps)
 if ((${#need_apt[@]})); then
     if [ "$(id -u)" = 0 ]; then
         apt-get update -qq
