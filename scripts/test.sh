@@ -15,9 +15,12 @@ cargo fmt --all -- --check
 
 echo "== cargo clippy (warnings are errors)"
 cargo clippy --workspace --all-targets -- -D warnings
+# The bench-only timing of DMA-data copies (feature dma-timing, off in normal builds).
+cargo clippy -p svnic-backend --features dma-timing --all-targets -- -D warnings
 
 echo "== cargo test"
 cargo test --workspace
+cargo test -p svnic-backend --features dma-timing --lib dma_timing
 
 echo "== svnic demo --json (release build; numbers are reported, never asserted)"
 RUST_LOG=warn cargo run --quiet --release -p svnic-backend --bin svnic -- demo --json

@@ -706,6 +706,8 @@ fn dma(c: &mut Criterion) {
         let (mut bench, _guests) = DmaBench::new(&e, size);
         g.bench_function("engine", |b| b.iter_custom(|n| bench.run(n)));
         let mut pairs = Vec::new();
+        #[cfg(feature = "dma-timing")]
+        let timing_before = svnic_backend::engine::dma_timing::dma_timing();
         g.bench_function("engine_vs_memcpy", |b| {
             b.iter_custom(|n| {
                 // Alternate in chunks of a fraction of a millisecond, so that both halves see
@@ -725,6 +727,11 @@ fn dma(c: &mut Criterion) {
         // Criterion calls the routine once per sample after its warm-up calls: keep the samples.
         let samples = &pairs[pairs.len().saturating_sub(DMA_SAMPLES)..];
         write_paired_ratios(&format!("dma/{name}/engine_vs_memcpy"), samples);
+        #[cfg(feature = "dma-timing")]
+        print_dma_timing(
+            &format!("dma/{name}/engine_vs_memcpy"),
+            &svnic_backend::engine::dma_timing::dma_timing().since(&timing_before),
+        );
         // `run` leaves every buffer it posted posted again; `burst` takes them as its first
         // window.
         g.bench_function("engine_burst", |b| b.iter_custom(|n| bench.burst(n)));
@@ -757,6 +764,37 @@ fn memcpy_n(src: &[u8], dst: &mut [u8], n: u64) -> Duration {
 fn memcpy_once(src: &[u8], dst: &mut [u8]) {
     dst.copy_from_slice(black_box(src));
     black_box(&mut *dst);
+}
+
+/// Prints where the worker's time went during row `id` (built with the `dma-timing` feature):
+/// the mean copy and the mean gap between copies (everything else the worker does per
+/// message), and how the gaps were spread.
+#[cfg(feature = "dma-timing")]
+fn print_dma_timing(id: &str, t: &svnic_backend::engine::dma_timing::DmaTiming) {
+    use svnic_backend::engine::dma_timing::{ticks_per_second, GAP_BUCKETS};
+    if t.copies == 0 || t.gaps == 0 {
+        return;
+    }
+    let ns = 1e9 / ticks_per_second(Duration::from_millis(50));
+    let buckets: Vec<String> = (0..GAP_BUCKETS)
+        // Buckets with at least 0.1 % of the gaps.
+        .filter(|&i| t.gap_histogram[i] * 1000 >= t.gaps)
+        .map(|i| {
+            let low = if i == 0 { 0 } else { 1u64 << (i + 7) };
+            format!(
+                "{:.0}+ ns {:.1}%",
+                low as f64 * ns,
+                100.0 * t.gap_histogram[i] as f64 / t.gaps as f64
+            )
+        })
+        .collect();
+    println!(
+        "{id}: worker per message: copy {:.0} ns, gap before it {:.0} ns ({} copies; gaps: {})",
+        t.copy_ticks as f64 / t.copies as f64 * ns,
+        t.gap_ticks as f64 / t.gaps as f64 * ns,
+        t.copies,
+        buckets.join(", ")
+    );
 }
 
 /// Writes `paired.json` for the `engine_vs_memcpy` row `id` into criterion's directory for it:

@@ -352,7 +352,12 @@ fn deliver_dma(
             // must not be silent.
             return Outcome::Failed(CompletionStatus::AddressOutOfRange);
         };
-        if copy_data(&from, &to).is_err() {
+        #[cfg(feature = "dma-timing")]
+        let started = super::dma_timing::now();
+        let copied = copy_data(&from, &to);
+        #[cfg(feature = "dma-timing")]
+        super::dma_timing::record_copy(started, super::dma_timing::now());
+        if copied.is_err() {
             // Same: `from` and `to` have the same length, so no piece can be out of range.
             return Outcome::Failed(CompletionStatus::AddressOutOfRange);
         }

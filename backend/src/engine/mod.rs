@@ -9,6 +9,8 @@ mod channel;
 mod config;
 mod counters;
 mod deliver;
+#[cfg(feature = "dma-timing")]
+pub mod dma_timing;
 mod rx_lock;
 mod vector_copy;
 pub(crate) mod worker;

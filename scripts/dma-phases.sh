@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The DMA-data target row (dma/64KiB/engine_vs_memcpy) next to the bare exchange
+# (scripts/dma-ceiling.c), run alternately, with the engine built with the `dma-timing` feature:
+# each round prints the bare exchange's and the engine's paired ratio to memcpy, and where the
+# worker's time went per message (the copy, and the gap before it: everything else the worker
+# does per message).
+#
+#   scripts/dma-phases.sh [ROUNDS]     # default 6 rounds, about 15 s each
+#
+# This host's pace changes over minutes. When the engine row falls, the copy takes as long as
+# before and the gap grows, while the bare exchange, which does almost nothing between copies,
+# stays where it was: the engine's work between copies is what slows down. Needs gcc, AVX2 and
+# 2 CPUs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-6}
+bin=$(cargo bench -p svnic-backend --features dma-timing --bench engine --no-run \
+    --message-format=json 2>/dev/null |
+    python3 -c 'import json,sys
+for l in sys.stdin:
+    m=json.loads(l)
+    if m.get("reason")=="compiler-artifact" and m.get("target",{}).get("name")=="engine" and m.get("executable"): print(m["executable"])' | tail -1)
+ceiling=$(mktemp)
+trap 'rm -f "$ceiling"' EXIT
+gcc -O2 -mavx2 -pthread scripts/dma-ceiling.c -o "$ceiling"
+for r in $(seq "$rounds"); do
+    bare=$("$ceiling" 1 | grep -oE 'at [0-9.]+%' | grep -oE '[0-9.]+')
+    out=$("$bin" --bench 'dma/64KiB/engine_vs' 2>&1)
+    engine=$(grep -oE 'engine at [0-9.]+%' <<<"$out" | grep -oE '[0-9.]+' | tail -1)
+    split=$(grep -oE 'copy [0-9]+ ns, gap before it [0-9]+ ns' <<<"$out" | tail -1)
+    echo "round $r: bare exchange ${bare}% of memcpy, engine ${engine}% of memcpy; worker per message: ${split}"
+done
