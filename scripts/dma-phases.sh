@@ -28,5 +28,6 @@ for r in $(seq "$rounds"); do
     out=$("$bin" --bench 'dma/64KiB/engine_vs' 2>&1)
     engine=$(grep -oE 'engine at [0-9.]+%' <<<"$out" | grep -oE '[0-9.]+' | tail -1)
     split=$(grep -oE 'copy [0-9]+ ns, gap before it [0-9]+ ns' <<<"$out" | tail -1)
-    echo "round $r: bare exchange ${bare}% of memcpy, engine ${engine}% of memcpy; worker per message: ${split}"
+    pass=$(grep -oE '[0-9.]+ messages per pass' <<<"$out" | tail -1)
+    echo "round $r: bare exchange ${bare}% of memcpy, engine ${engine}% of memcpy; worker per message: ${split} (${pass})"
 done

@@ -707,7 +707,10 @@ fn dma(c: &mut Criterion) {
         g.bench_function("engine", |b| b.iter_custom(|n| bench.run(n)));
         let mut pairs = Vec::new();
         #[cfg(feature = "dma-timing")]
-        let timing_before = svnic_backend::engine::dma_timing::dma_timing();
+        let (timing_before, passes_before) = (
+            svnic_backend::engine::dma_timing::dma_timing(),
+            passes_and_messages(&e),
+        );
         g.bench_function("engine_vs_memcpy", |b| {
             b.iter_custom(|n| {
                 // Alternate in chunks of a fraction of a millisecond, so that both halves see
@@ -731,6 +734,10 @@ fn dma(c: &mut Criterion) {
         print_dma_timing(
             &format!("dma/{name}/engine_vs_memcpy"),
             &svnic_backend::engine::dma_timing::dma_timing().since(&timing_before),
+            {
+                let (p, m) = passes_and_messages(&e);
+                (p - passes_before.0, m - passes_before.1)
+            },
         );
         // `run` leaves every buffer it posted posted again; `burst` takes them as its first
         // window.
@@ -768,9 +775,14 @@ fn memcpy_once(src: &[u8], dst: &mut [u8]) {
 
 /// Prints where the worker's time went during row `id` (built with the `dma-timing` feature):
 /// the mean copy and the mean gap between copies (everything else the worker does per
-/// message), and how the gaps were spread.
+/// message), how the gaps were spread, and how many messages a pass took on average (from the
+/// workers' `passes` and `messages` counters over the row).
 #[cfg(feature = "dma-timing")]
-fn print_dma_timing(id: &str, t: &svnic_backend::engine::dma_timing::DmaTiming) {
+fn print_dma_timing(
+    id: &str,
+    t: &svnic_backend::engine::dma_timing::DmaTiming,
+    (passes, messages): (u64, u64),
+) {
     use svnic_backend::engine::dma_timing::{ticks_per_second, GAP_BUCKETS};
     if t.copies == 0 || t.gaps == 0 {
         return;
@@ -789,12 +801,22 @@ fn print_dma_timing(id: &str, t: &svnic_backend::engine::dma_timing::DmaTiming) 
         })
         .collect();
     println!(
-        "{id}: worker per message: copy {:.0} ns, gap before it {:.0} ns ({} copies; gaps: {})",
+        "{id}: worker per message: copy {:.0} ns, gap before it {:.0} ns ({} copies; gaps: {}; \
+         {:.1} messages per pass)",
         t.copy_ticks as f64 / t.copies as f64 * ns,
         t.gap_ticks as f64 / t.gaps as f64 * ns,
         t.copies,
-        buckets.join(", ")
+        buckets.join(", "),
+        messages as f64 / passes.max(1) as f64
     );
+}
+
+/// Passes that found work and messages taken, over all of `e`'s workers.
+#[cfg(feature = "dma-timing")]
+fn passes_and_messages(e: &Engine) -> (u64, u64) {
+    e.worker_stats()
+        .iter()
+        .fold((0, 0), |(p, m), w| (p + w.passes, m + w.messages))
 }
 
 /// Writes `paired.json` for the `engine_vs_memcpy` row `id` into criterion's directory for it:
