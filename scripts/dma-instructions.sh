@@ -12,11 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "needs valgrind (apt install valgrind)" >&2; exit 1; }
-bin=$(cargo bench -p svnic-backend --bench engine --no-run --message-format=json 2>/dev/null |
-    python3 -c 'import json,sys
-for l in sys.stdin:
-    m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m.get("target",{}).get("name")=="engine" and m.get("executable"): print(m["executable"])' | tail -1)
+bin=$(scripts/bench-binary.sh)
 out=$(mktemp -d)
 toggles=()
 for f in 'svnic_backend::engine::deliver::DestRun::deliver' \

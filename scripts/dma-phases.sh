@@ -5,7 +5,7 @@
 # worker's time went per message (the copy, and the gap before it: everything else the worker
 # does per message).
 #
-#   scripts/dma-phases.sh [ROUNDS]     # default 6 rounds, about 15 s each
+#   scripts/dma-phases.sh [ROUNDS]     # default 6 rounds, about 7 s each after the build
 #
 # This host's pace changes over minutes. When the engine row falls, the copy takes as long as
 # before and the gap grows, while the bare exchange, which does almost nothing between copies,
@@ -14,12 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-6}
-bin=$(cargo bench -p svnic-backend --features dma-timing --bench engine --no-run \
-    --message-format=json 2>/dev/null |
-    python3 -c 'import json,sys
-for l in sys.stdin:
-    m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m.get("target",{}).get("name")=="engine" and m.get("executable"): print(m["executable"])' | tail -1)
+bin=$(scripts/bench-binary.sh --features dma-timing)
 ceiling=$(mktemp)
 trap 'rm -f "$ceiling"' EXIT
 gcc -O2 -mavx2 -pthread scripts/dma-ceiling.c -o "$ceiling"

@@ -90,7 +90,7 @@ impl TxTally {
 /// reach the cache, and on the data path those include the ring index just published, whose
 /// cache line the other side's core holds: each `fetch_add` after a publish cost a cross-core
 /// round trip. Readers (stats snapshots) see a value that is at most one update old.
-fn bump(counter: &AtomicU64, n: u64) {
+pub(crate) fn bump(counter: &AtomicU64, n: u64) {
     counter.store(counter.load(Relaxed).wrapping_add(n), Relaxed);
 }
 

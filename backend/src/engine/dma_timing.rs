@@ -16,6 +16,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::counters::bump;
+
 /// Buckets of the gap histogram: bucket 0 holds gaps below 256 ticks, bucket `i` those from
 /// `2^(i+7)` to `2^(i+8)`, the last one everything longer (up to [`PAUSE_TICKS`]).
 pub const GAP_BUCKETS: usize = 12;
@@ -42,10 +44,8 @@ pub struct DmaTiming {
 impl DmaTiming {
     /// What happened between `earlier` and `self` (both totals of this process).
     pub fn since(&self, earlier: &DmaTiming) -> DmaTiming {
-        let mut gap_histogram = [0; GAP_BUCKETS];
-        for (i, h) in gap_histogram.iter_mut().enumerate() {
-            *h = self.gap_histogram[i].wrapping_sub(earlier.gap_histogram[i]);
-        }
+        let gap_histogram =
+            std::array::from_fn(|i| self.gap_histogram[i].wrapping_sub(earlier.gap_histogram[i]));
         DmaTiming {
             copies: self.copies.wrapping_sub(earlier.copies),
             copy_ticks: self.copy_ticks.wrapping_sub(earlier.copy_ticks),
@@ -66,10 +66,6 @@ struct ThreadTiming {
     gaps: AtomicU64,
     gap_ticks: AtomicU64,
     gap_histogram: [AtomicU64; GAP_BUCKETS],
-}
-
-fn bump(counter: &AtomicU64, n: u64) {
-    counter.store(counter.load(Relaxed).wrapping_add(n), Relaxed);
 }
 
 /// Every thread that has recorded a copy.
