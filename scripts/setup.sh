@@ -21,4 +21,6 @@ if ((${#need_apt[@]})); then
     fi
 fi
 command -v cargo >/dev/null 2>&1 || { echo "setup: cargo not found (install Rust via rustup)" >&2; exit 1; }
-rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
+for component in clippy rustfmt; do
+    rustup component list --installed 2>/dev/null | grep -q "^$component" || rustup component add "$component"
+done
