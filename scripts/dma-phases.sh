@@ -7,22 +7,27 @@
 #
 #   scripts/dma-phases.sh [ROUNDS]     # default 6 rounds, about 7 s each after the build
 #
-# This host's pace changes over minutes. When the engine row falls, the copy takes as long as
-# before and the gap grows, while the bare exchange, which does almost nothing between copies,
-# stays where it was: the engine's work between copies is what slows down. Needs gcc, AVX2 and
+# Each round also prints the cross-core latency just before it (scripts/core-latency.c): this
+# host runs the two vCPUs sometimes on nearby cores (about 30-65 ns one way) and sometimes on
+# distant ones (about 270 ns), for seconds to minutes at a time. When it is high the copy takes as
+# long as before and the gap grows, since the gap waits on lines the guest's core holds, while
+# the bare exchange, which does almost nothing between copies, loses less. Needs gcc, AVX2 and
 # 2 CPUs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-6}
 bin=$(scripts/bench-binary.sh --features dma-timing)
 ceiling=$(mktemp)
-trap 'rm -f "$ceiling"' EXIT
+latency=$(mktemp)
+trap 'rm -f "$ceiling" "$latency"' EXIT
 gcc -O2 -mavx2 -pthread scripts/dma-ceiling.c -o "$ceiling"
+gcc -O2 -pthread scripts/core-latency.c -o "$latency"
 for r in $(seq "$rounds"); do
+    lat=$("$latency" 100000)
     bare=$("$ceiling" 1 | grep -oE 'at [0-9.]+%' | grep -oE '[0-9.]+')
     out=$("$bin" --bench 'dma/64KiB/engine_vs' 2>&1)
     engine=$(grep -oE 'engine at [0-9.]+%' <<<"$out" | grep -oE '[0-9.]+' | tail -1)
     split=$(grep -oE 'copy [0-9]+ ns, gap before it [0-9]+ ns' <<<"$out" | tail -1)
     pass=$(grep -oE '[0-9.]+ messages per pass' <<<"$out" | tail -1)
-    echo "round $r: bare exchange ${bare}% of memcpy, engine ${engine}% of memcpy; worker per message: ${split} (${pass})"
+    echo "round $r: cross-core ${lat} ns; bare exchange ${bare}% of memcpy, engine ${engine}% of memcpy; worker per message: ${split} (${pass})"
 done
