@@ -31,17 +31,24 @@ for arg in "$@"; do
     esac
 done
 
+# After a run, only the results it wrote are summarised (older ones, of benches since renamed or
+# removed, stay in target/criterion for criterion's own comparisons).
+since=0
 if [[ $run == 1 ]]; then
+    since=$(date +%s)
     cargo bench -p svnic-channels --bench ring
     cargo bench -p svnic-backend --bench engine
 fi
 
-CRITERION_DIR="${CARGO_TARGET_DIR:-target}/criterion" STRICT="$strict" python3 - <<'PY'
+CRITERION_DIR="${CARGO_TARGET_DIR:-target}/criterion" STRICT="$strict" SINCE="$since" python3 - <<'PY'
 import json, os, pathlib, sys
 
 root = pathlib.Path(os.environ["CRITERION_DIR"])
 results = {}
+since = float(os.environ["SINCE"])
 for bench in root.glob("**/new/benchmark.json"):
+    if bench.stat().st_mtime < since:
+        continue
     meta = json.loads(bench.read_text())
     est = json.loads((bench.parent / "estimates.json").read_text())
     # Criterion reports the slope of the linear regression when it has one (iteration counts
