@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the engine bench (backend/benches/engine.rs) without running it and prints the path of
-# its binary; any arguments are passed to cargo (e.g. --features dma-timing). Used by
-# scripts/dma-instructions.sh and scripts/dma-phases.sh.
+# its binary; any arguments are passed to cargo (e.g. --features dma-timing, or --manifest-path of
+# another checkout). Used by scripts/dma-instructions.sh, dma-phases.sh and dma-ab.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo bench -p svnic-backend --bench engine --no-run --message-format=json "$@" |

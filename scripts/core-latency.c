@@ -3,8 +3,8 @@
 // other's line. Prints the mean one-way time in nanoseconds (half a round trip), measured with
 // the time-stamp counter and converted with a 20 ms calibration against CLOCK_MONOTONIC.
 //
-// On this project's machine (a 2-vCPU KVM guest on AMD EPYC) it prints about 28-65 ns in some
-// periods and about 270 ns in others: the host runs the two vCPUs on nearby or on distant cores,
+// On this project's machine (a 2-vCPU KVM guest on AMD EPYC) it prints about 27-75 ns in some
+// periods and 225-300 ns (mostly about 270) in others: the host runs the two vCPUs on nearby or on distant cores,
 // and every cache line the engine and a guest hand each other costs accordingly. The DMA-data
 // rows of the engine bench move with it (see README, Benchmarks, and scripts/dma-phases.sh).
 //
@@ -52,8 +52,15 @@ static double now_ns(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc > 1) rounds = (uint32_t)strtoul(argv[1], NULL, 10);
-    if (rounds == 0) return 1;
+    if (argc > 1) {
+        char *end;
+        unsigned long n = strtoul(argv[1], &end, 10);
+        if (*argv[1] == '\0' || *end != '\0' || n == 0 || n > UINT32_MAX) {
+            fprintf(stderr, "usage: %s [ROUNDS]  (ROUNDS: 1 to %u)\n", argv[0], UINT32_MAX);
+            return 2;
+        }
+        rounds = (uint32_t)n;
+    }
     double c0 = now_ns();
     uint64_t t0 = __rdtsc();
     while (now_ns() - c0 < 20e6) {

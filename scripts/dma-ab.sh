@@ -13,6 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 2 ] || { sed -n '2,11p' "$0" >&2; exit 2; }
 rounds=${3:-10}
+[[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "dma-ab: ROUNDS must be a positive number, not '$rounds'" >&2; exit 2; }
 repo=$(pwd)
 work=$(mktemp -d)
 cleanup() {
@@ -31,7 +32,13 @@ for x in a b; do
     cp "$bin" "$work/bench-$x"
     echo "$x = $rev ($(git rev-parse --short "$rev"))"
 done
-ratio() { "$1" --bench 'dma/64KiB/engine_vs' 2>&1 | grep -oE 'engine at [0-9.]+%' | grep -oE '[0-9.]+' | tail -1; }
+# The row's paired ratio from one run of bench $1; fails, saying so, if the run printed none.
+ratio() {
+    local v
+    v=$("$1" --bench 'dma/64KiB/engine_vs' 2>&1 | grep -oE 'engine at [0-9.]+%' | grep -oE '[0-9.]+' | tail -1) || true
+    [ -n "$v" ] || { echo "dma-ab: $1 printed no paired ratio (does that revision have the row?)" >&2; return 1; }
+    echo "$v"
+}
 : >"$work/results"
 for r in $(seq "$rounds"); do
     lat=$("$work/core-latency" 100000)

@@ -8,8 +8,8 @@
 #   scripts/dma-phases.sh [ROUNDS]     # default 6 rounds, about 7 s each after the build
 #
 # Each round also prints the cross-core latency just before it (scripts/core-latency.c): this
-# host runs the two vCPUs sometimes on nearby cores (about 30-65 ns one way) and sometimes on
-# distant ones (about 270 ns), for seconds to minutes at a time. When it is high the copy takes as
+# host runs the two vCPUs sometimes on nearby cores (about 27-75 ns one way) and sometimes on
+# distant ones (225-300 ns), for seconds to minutes at a time. When it is high the copy takes as
 # long as before and the gap grows, since the gap waits on lines the guest's core holds, while
 # the bare exchange, which does almost nothing between copies, loses less. Needs gcc, AVX2 and
 # 2 CPUs.

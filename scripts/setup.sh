@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing svnic needs on a fresh Debian 12 machine. Idempotent.
-# The Rust toolchain (cargo, rustfmt, clippy) is expected to be installed already.
+# The Rust toolchain (cargo) is expected to be installed already; clippy and rustfmt are added
+# with rustup if missing.
 set -euo pipefail
 
 need_apt=()
@@ -21,6 +22,12 @@ if ((${#need_apt[@]})); then
     fi
 fi
 command -v cargo >/dev/null 2>&1 || { echo "setup: cargo not found (install Rust via rustup)" >&2; exit 1; }
-for component in clippy rustfmt; do
-    rustup component list --installed 2>/dev/null | grep -q "^$component" || rustup component add "$component"
+# clippy and rustfmt: added with rustup when missing (a toolchain installed otherwise must bring
+# them itself).
+for tool in clippy:clippy fmt:rustfmt; do
+    sub=${tool%%:*} component=${tool#*:}
+    cargo "$sub" --version >/dev/null 2>&1 && continue
+    command -v rustup >/dev/null 2>&1 ||
+        { echo "setup: cargo $sub not found and no rustup to add $component with" >&2; exit 1; }
+    rustup component add "$component"
 done

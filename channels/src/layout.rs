@@ -27,8 +27,9 @@
 //! the guest's core was far away (scripts/core-latency.c), that cost the worker about 95 ns per
 //! 64 KiB DMA-data message: releasing those two indices only at the end of a pass saved that
 //! much with one line per index, and nothing once they were 128 bytes apart (README,
-//! Benchmarks). Indices are
-//! free-running `u32` counters (slot = index & (ring_size - 1)).
+//! Benchmarks).
+//!
+//! Indices are free-running `u32` counters (slot = index & (ring_size - 1)).
 
 use crate::error::LayoutError;
 use crate::message::MESSAGE_SIZE;
