@@ -62,6 +62,7 @@ pub mod admission;
 pub mod error;
 pub mod fast_hash;
 pub mod lifecycle;
+pub mod log_limit;
 pub mod policy;
 pub mod records;
 pub mod registry;
