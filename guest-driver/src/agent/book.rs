@@ -25,24 +25,36 @@ use crate::vm::seqpacket::SeqPacket;
 pub(super) struct App {
     pub(super) sock: SeqPacket,
     pub(super) pid: i32,
+    /// The user it runs as (`SO_PEERCRED` when it connected): whose quota it spends.
+    pub(super) uid: u32,
 }
 
 /// Memory passed to an application that has not said `Mapped` yet.
 #[derive(Debug)]
 pub(super) struct Prepared {
     mem: ChannelMemory,
-    endpoint: u32,
+    pub(super) uid: u32,
+    pub(super) endpoint: u32,
     ring_size: u32,
     wake: Event,
     doorbell: Event,
+}
+
+impl Prepared {
+    pub(super) fn len(&self) -> u64 {
+        self.mem.len()
+    }
 }
 
 /// Memory the engine knows of (or may): kept until the engine lets go of it.
 #[derive(Debug)]
 pub(super) struct Held {
     /// Kept alive until the engine lets go of it; dropping it frees it.
-    _memory: ChannelMemory,
+    memory: ChannelMemory,
     app: u64,
+    /// Charged to this uid, which holds `endpoint`, until the memory is freed.
+    pub(super) uid: u32,
+    pub(super) endpoint: u32,
     channel: Option<ChannelId>,
     pub(super) quarantined: bool,
 }
@@ -50,6 +62,10 @@ pub(super) struct Held {
 impl Held {
     pub(super) fn channel(&self) -> Option<ChannelId> {
         self.channel
+    }
+
+    pub(super) fn len(&self) -> u64 {
+        self.memory.len()
     }
 }
 
@@ -171,6 +187,12 @@ impl Agent {
             );
             return self.fail(app, token, AgentFailure::TooManyChannels, why);
         }
+        let Some(uid) = self.apps.get(&app).map(|a| a.uid) else {
+            return;
+        };
+        if let Err((reason, why)) = self.admit(uid, endpoint) {
+            return self.fail(app, token, reason, why);
+        }
         let all = self.prepared.len() + self.regions.len();
         if all >= self.cfg.max_channels {
             let why = format!(
@@ -182,7 +204,8 @@ impl Agent {
         let mem = match self.memory.allocate() {
             Ok(m) => m,
             Err(e) => {
-                warn!("application {app}: no memory for a channel: {e}");
+                self.counters.refused_no_memory += 1;
+                debug!("application {app}: no memory for a channel: {e}");
                 return self.fail(app, token, AgentFailure::NoMemory, e.to_string());
             }
         };
@@ -204,6 +227,7 @@ impl Agent {
             (app, token),
             Prepared {
                 mem,
+                uid,
                 endpoint,
                 ring_size,
                 wake,
@@ -248,8 +272,10 @@ impl Agent {
         self.regions.insert(
             gpa,
             Held {
-                _memory: p.mem,
+                memory: p.mem,
                 app,
+                uid: p.uid,
+                endpoint: p.endpoint,
                 channel: None,
                 quarantined: false,
             },

@@ -13,6 +13,10 @@ use svnic_channels::frame::ETHERTYPE;
 use super::hugepages::HugepagePool;
 use super::memory::HugepageBackend;
 use super::nic::{find_virtio_nic, PacketSocket};
+use super::policy::{
+    parse_endpoint_range, parse_uid_quota, EndpointRange, Limit, UidLimits, UserPolicy,
+    DEFAULT_CHANNELS_PER_UID, DEFAULT_HUGEPAGES_PER_UID,
+};
 use super::{Agent, AgentConfig, AgentError, DEFAULT_STATE_FILE};
 use crate::vm::DEFAULT_AGENT_SOCKET;
 
@@ -37,6 +41,23 @@ pub struct DaemonArgs {
     /// Channels one application may hold.
     #[arg(long, default_value_t = 8)]
     pub max_channels_per_app: usize,
+    /// Channels one user (uid) may hold, its applications together, counted until the engine
+    /// acknowledged their destruction (a number or "unlimited"; root: unlimited unless given
+    /// --quota-for-uid 0=...).
+    #[arg(long, default_value_t = Limit(Some(DEFAULT_CHANNELS_PER_UID as u64)))]
+    pub max_channels_per_uid: Limit,
+    /// 2 MiB hugepages of channel memory one user (uid) may hold (a number or "unlimited").
+    #[arg(long, default_value_t = Limit(Some(DEFAULT_HUGEPAGES_PER_UID)))]
+    pub max_hugepages_per_uid: Limit,
+    /// Limits of one uid instead of the two above, as UID=CHANNELS:HUGEPAGES (e.g. 1000=8:8,
+    /// 0=16:16 to limit root); repeatable.
+    #[arg(long, value_parser = parse_uid_quota)]
+    pub quota_for_uid: Vec<(u32, UidLimits)>,
+    /// Reserves endpoints FIRST..=LAST for one uid, as UID=FIRST-LAST (e.g. 1000=100-199);
+    /// repeatable, ranges must not overlap. Other users' creates there are refused; endpoints
+    /// outside every range go to the first user to claim them, until its channel is destroyed.
+    #[arg(long, value_parser = parse_endpoint_range)]
+    pub endpoints_for_uid: Vec<EndpointRange>,
     /// Free 2 MiB hugepages to make sure of at start, raising /proc/sys/vm/nr_hugepages if
     /// needed (0: leave the pool alone) [default: --max-channels].
     #[arg(long)]
@@ -86,6 +107,16 @@ impl From<&DaemonArgs> for AgentConfig {
             socket_mode: a.socket_mode,
             max_channels_per_app: a.max_channels_per_app,
             max_channels: a.max_channels,
+            users: UserPolicy {
+                default: UidLimits::new(
+                    a.max_channels_per_uid
+                        .0
+                        .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+                    a.max_hugepages_per_uid.0,
+                ),
+                overrides: a.quota_for_uid.clone(),
+                endpoint_ranges: a.endpoints_for_uid.clone(),
+            },
             state_file: (!a.no_state_file).then(|| a.state_file.clone()),
             shutdown_wait: Duration::from_millis(a.shutdown_wait_ms),
             ..AgentConfig::default()
@@ -250,5 +281,44 @@ mod tests {
             Some(PathBuf::from(DEFAULT_STATE_FILE))
         );
         assert!(DaemonArgs::try_parse_from(["svnic-guestd", "--socket-mode", "999"]).is_err());
+    }
+
+    #[test]
+    fn per_uid_flags_become_the_user_policy() {
+        let d = AgentConfig::from(&DaemonArgs::try_parse_from(["svnic-guestd"]).unwrap());
+        assert_eq!(d.users, UserPolicy::default());
+        assert_eq!(d.users.limits(1000), UidLimits::new(Some(4), Some(4)));
+        let a = DaemonArgs::try_parse_from([
+            "svnic-guestd",
+            "--max-channels-per-uid",
+            "2",
+            "--max-hugepages-per-uid",
+            "unlimited",
+            "--quota-for-uid",
+            "1000=8:16",
+            "--quota-for-uid",
+            "0=1:1",
+            "--endpoints-for-uid",
+            "1000=100-199",
+            "--endpoints-for-uid",
+            "1001=200",
+        ])
+        .unwrap();
+        let u = AgentConfig::from(&a).users;
+        assert_eq!(u.limits(7), UidLimits::new(Some(2), None));
+        assert_eq!(u.limits(1000), UidLimits::new(Some(8), Some(16)));
+        assert_eq!(u.limits(0), UidLimits::new(Some(1), Some(1)));
+        assert_eq!(u.reservation(150).map(|r| r.uid), Some(1000));
+        assert_eq!(u.reservation(200).map(|r| r.uid), Some(1001));
+        assert_eq!(u.reservation(201), None);
+        for bad in [
+            ["--max-channels-per-uid", "many"],
+            ["--quota-for-uid", "1000=8"],
+            ["--endpoints-for-uid", "1000:1-2"],
+        ] {
+            let mut argv = vec!["svnic-guestd"];
+            argv.extend(bad);
+            assert!(DaemonArgs::try_parse_from(argv).is_err(), "{bad:?}");
+        }
     }
 }

@@ -34,18 +34,21 @@
 //! The NIC is a trait ([`nic::Nic`]) so that tests and in-process setups can replace the packet
 //! socket; memory likewise ([`memory::MemoryBackend`]).
 
+mod admission;
 mod book;
 pub mod daemon;
 pub mod hugepages;
 pub mod memory;
 pub mod nic;
+pub mod policy;
 mod recovery;
 mod server;
+mod socket_path;
 
 #[cfg(test)]
 mod tests;
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -53,7 +56,9 @@ use svnic_channels::ChannelId;
 use thiserror::Error;
 
 pub use daemon::{run_daemon, spawn_background, DaemonArgs};
+pub use policy::{EndpointRange, UidLimits, UidUsage, UserPolicy};
 pub use server::{Agent, AgentHandle};
+pub use socket_path::SocketPathError;
 
 /// Default path of the state file (channels whose memory the agent holds).
 pub const DEFAULT_STATE_FILE: &str = "/run/svnic/agent.channels";
@@ -71,6 +76,8 @@ pub struct AgentConfig {
     pub max_channels_per_app: usize,
     /// Channels (held memory included) of all applications together.
     pub max_channels: usize,
+    /// Per-uid quotas and endpoint reservations.
+    pub users: UserPolicy,
     /// Where live channel ids are recorded for a restarted agent (None: not recorded).
     pub state_file: Option<PathBuf>,
     /// How long a shutdown waits for the engine to acknowledge the destroys.
@@ -86,6 +93,7 @@ impl Default for AgentConfig {
             socket_mode: 0o666,
             max_channels_per_app: 16,
             max_channels: 64,
+            users: UserPolicy::default(),
             state_file: Some(PathBuf::from(DEFAULT_STATE_FILE)),
             shutdown_wait: Duration::from_secs(5),
             recovery_wait: Duration::from_secs(3),
@@ -105,6 +113,12 @@ pub enum AgentError {
         #[source]
         source: std::io::Error,
     },
+    /// The per-uid policy contradicts itself.
+    #[error("per-uid policy: {0}")]
+    Policy(#[from] policy::PolicyError),
+    /// The socket path is not safe to serve on.
+    #[error(transparent)]
+    SocketPath(#[from] SocketPathError),
     /// The NIC could not be opened.
     #[error(transparent)]
     Nic(#[from] nic::NicError),
@@ -129,6 +143,8 @@ pub enum AgentEvent {
         app: u64,
         /// Its process id.
         pid: i32,
+        /// Its user id (whose quota and endpoints it uses).
+        uid: u32,
     },
     /// An application's connection closed with `channels` channels to destroy.
     AppGone {
@@ -195,6 +211,16 @@ pub struct AgentStatus {
     pub doorbells: u64,
     /// svnic frames ignored (malformed, not from the engine, unknown channel).
     pub ignored_frames: u64,
+    /// Application connections closed at once (too many, no peer credentials).
+    pub refused_connections: u64,
+    /// Creates refused by a per-uid quota.
+    pub refused_quota: u64,
+    /// Creates refused because the endpoint is reserved for, or held by, another uid.
+    pub refused_endpoint: u64,
+    /// Creates refused for want of channel memory.
+    pub refused_no_memory: u64,
+    /// What each uid holding channel memory holds (charged until the memory is freed).
+    pub users: BTreeMap<u32, UidUsage>,
     /// The loop has finished (stopped).
     pub stopped: bool,
     /// The last events, oldest first.

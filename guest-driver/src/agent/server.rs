@@ -42,6 +42,14 @@ pub(super) struct Counters {
     pub(super) wakes: u64,
     pub(super) doorbells: u64,
     pub(super) ignored: u64,
+    /// Connections closed at once (too many applications, no peer credentials).
+    pub(super) refused_connections: u64,
+    /// Creates refused by a per-uid quota.
+    pub(super) refused_quota: u64,
+    /// Creates refused because the endpoint is another uid's.
+    pub(super) refused_endpoint: u64,
+    /// Creates refused for want of memory.
+    pub(super) refused_no_memory: u64,
 }
 
 /// Stops a running agent and reads its status from another thread.
@@ -136,11 +144,8 @@ impl Agent {
         nic: Box<dyn Nic>,
         memory: Box<dyn MemoryBackend>,
     ) -> Result<(Agent, AgentHandle), AgentError> {
-        if let Some(dir) = cfg.socket.parent() {
-            if !dir.as_os_str().is_empty() && !dir.exists() {
-                std::fs::create_dir_all(dir).map_err(setup(format!("create {}", dir.display())))?;
-            }
-        }
+        cfg.users.validate()?;
+        super::socket_path::check_socket_path(&cfg.socket)?;
         let listener = SeqPacketListener::bind(&cfg.socket, cfg.socket_mode)
             .map_err(setup(format!("listen on {}", cfg.socket.display())))?;
         let epoll = Epoll::new().map_err(setup("epoll"))?;
@@ -276,10 +281,19 @@ impl Agent {
                 }
             };
             if self.apps.len() >= MAX_APPS {
-                warn!("{MAX_APPS} applications connected already; refusing another");
+                self.counters.refused_connections += 1;
+                debug!("{MAX_APPS} applications connected already; refusing another");
                 continue;
             }
-            let cred = sock.peer_cred().ok();
+            // The uid decides quotas and endpoints: a connection without one is not served.
+            let cred = match sock.peer_cred() {
+                Ok(c) => c,
+                Err(e) => {
+                    self.counters.refused_connections += 1;
+                    debug!("application connection without peer credentials ({e}); closed");
+                    continue;
+                }
+            };
             let id = self.next_app;
             self.next_app += 1;
             let registered = sock.set_nonblocking(true).and_then(|()| {
@@ -293,14 +307,16 @@ impl Agent {
                 warn!("application connection: {e}");
                 continue;
             }
-            let (pid, uid) = cred.map_or((-1, u32::MAX), |c| (c.pid, c.uid));
+            let (pid, uid) = (cred.pid, cred.uid);
             info!("application {id} connected (pid {pid}, uid {uid})");
-            self.apps.insert(id, App { sock, pid });
-            self.event(AgentEvent::AppConnected { app: id, pid });
+            self.apps.insert(id, App { sock, pid, uid });
+            self.event(AgentEvent::AppConnected { app: id, pid, uid });
+            let allowed = self.cfg.users.limits(uid).channels.unwrap_or(usize::MAX);
+            let max_channels = self.cfg.max_channels_per_app.min(allowed);
             let hello = Response::Hello {
                 mac: self.mac,
                 region_len: self.memory.region_len(),
-                max_channels: u32::try_from(self.cfg.max_channels_per_app).unwrap_or(u32::MAX),
+                max_channels: u32::try_from(max_channels).unwrap_or(u32::MAX),
             };
             self.reply(id, &hello, &[]);
         }
@@ -533,5 +549,10 @@ impl Agent {
         s.wakes = self.counters.wakes;
         s.doorbells = self.counters.doorbells;
         s.ignored_frames = self.counters.ignored;
+        s.refused_connections = self.counters.refused_connections;
+        s.refused_quota = self.counters.refused_quota;
+        s.refused_endpoint = self.counters.refused_endpoint;
+        s.refused_no_memory = self.counters.refused_no_memory;
+        s.users = self.usage_by_uid();
     }
 }

@@ -164,6 +164,12 @@ pub enum AgentFailure {
     ShuttingDown,
     /// The agent could not lock the memory down (sealing, address lookup) (0x108).
     Memory,
+    /// The user (uid) has as many channels as `--max-channels-per-uid` allows (0x109).
+    UidChannelQuota,
+    /// The user's channel memory would pass `--max-hugepages-per-uid` (0x10a).
+    UidMemoryQuota,
+    /// The endpoint is reserved for, or held by, another user (0x10b).
+    EndpointOwned,
 }
 
 impl AgentFailure {
@@ -179,6 +185,9 @@ impl AgentFailure {
             AgentFailure::NotYourChannel => 0x106,
             AgentFailure::ShuttingDown => 0x107,
             AgentFailure::Memory => 0x108,
+            AgentFailure::UidChannelQuota => 0x109,
+            AgentFailure::UidMemoryQuota => 0x10a,
+            AgentFailure::EndpointOwned => 0x10b,
         }
     }
 
@@ -193,6 +202,9 @@ impl AgentFailure {
             0x106 => AgentFailure::NotYourChannel,
             0x107 => AgentFailure::ShuttingDown,
             0x108 => AgentFailure::Memory,
+            0x109 => AgentFailure::UidChannelQuota,
+            0x10a => AgentFailure::UidMemoryQuota,
+            0x10b => AgentFailure::EndpointOwned,
             c => AgentFailure::Engine(
                 FailureReason::from_code(c).map_err(|_| ProtocolError::FailureCode(c))?,
             ),
@@ -212,6 +224,9 @@ impl std::fmt::Display for AgentFailure {
             AgentFailure::NotYourChannel => f.write_str("not a channel of this application"),
             AgentFailure::ShuttingDown => f.write_str("the agent is shutting down"),
             AgentFailure::Memory => f.write_str("cannot lock the channel memory down"),
+            AgentFailure::UidChannelQuota => f.write_str("the user's channel quota is reached"),
+            AgentFailure::UidMemoryQuota => f.write_str("the user's hugepage quota is reached"),
+            AgentFailure::EndpointOwned => f.write_str("the endpoint belongs to another user"),
         }
     }
 }

@@ -96,9 +96,20 @@ fn every_failure_code_round_trips() {
         AgentFailure::NotYourChannel,
         AgentFailure::ShuttingDown,
         AgentFailure::Memory,
+        AgentFailure::UidChannelQuota,
+        AgentFailure::UidMemoryQuota,
+        AgentFailure::EndpointOwned,
     ]);
+    let codes: std::collections::HashSet<u16> = reasons.iter().map(|r| r.code()).collect();
+    assert_eq!(codes.len(), reasons.len(), "two failures share a code");
     for r in reasons {
         assert_eq!(AgentFailure::from_code(r.code()), Ok(r));
+        let failure = Response::Failure {
+            token: 9,
+            reason: r,
+            detail: format!("{r}"),
+        };
+        assert_eq!(Response::decode(&failure.encode()), Ok(failure));
     }
     assert_eq!(
         AgentFailure::from_code(0),

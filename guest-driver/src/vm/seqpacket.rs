@@ -8,6 +8,7 @@ use std::io;
 use std::mem::{size_of, zeroed};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::time::Duration;
 
@@ -307,11 +308,26 @@ pub struct SeqPacketListener {
 }
 
 impl SeqPacketListener {
-    /// Binds `path` (replacing a stale socket file nobody listens on), sets its mode to `mode`
-    /// (e.g. 0o666 so that unprivileged processes may connect), and listens. Non-blocking.
+    /// Binds `path` (replacing a stale socket nobody listens on; anything else there is
+    /// refused), gives the socket file exactly `mode` (e.g. 0o666 so that unprivileged
+    /// processes may connect) before anyone can connect, and listens. Non-blocking.
+    ///
+    /// The mode is set on the socket before `bind` (the file it creates gets that mode less the
+    /// umask, never more), then made exact on the inode `bind` created, found without following
+    /// a symlink; a `chmod` by path could follow whatever another process put there.
     pub fn bind(path: impl AsRef<Path>, mode: u32) -> io::Result<Self> {
         let path = path.as_ref();
-        if std::fs::symlink_metadata(path).is_ok() {
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            use std::os::unix::fs::FileTypeExt;
+            if !meta.file_type().is_socket() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!(
+                        "{} exists and is not a socket; not replaced",
+                        path.display()
+                    ),
+                ));
+            }
             if SeqPacket::connect(path).is_ok() {
                 return Err(io::Error::new(
                     io::ErrorKind::AddrInUse,
@@ -321,6 +337,8 @@ impl SeqPacketListener {
             std::fs::remove_file(path)?;
         }
         let fd = new_socket()?;
+        // SAFETY: fchmod on a descriptor we own, integer arguments.
+        cvt(unsafe { libc::fchmod(fd.as_raw_fd(), mode & 0o777) })?;
         let (addr, len) = sockaddr(path)?;
         // SAFETY: addr is a valid sockaddr_un of `len` bytes that outlives the call.
         cvt(unsafe {
@@ -334,8 +352,7 @@ impl SeqPacketListener {
             fd,
             path: path.to_path_buf(),
         };
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+        set_socket_file_mode(path, mode & 0o777)?;
         // SAFETY: listen on a descriptor we own, integer arguments.
         cvt(unsafe { libc::listen(listener.fd.as_raw_fd(), 64) })?;
         set_nonblocking(listener.fd.as_fd(), true)?;
@@ -384,6 +401,34 @@ impl Drop for SeqPacketListener {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
     }
+}
+
+/// Gives the socket file this process just bound at `path` exactly `mode`: the inode is opened
+/// with `O_PATH | O_NOFOLLOW`, checked to be a socket owned by this process's user, and changed
+/// through its `/proc/self/fd` link (which names that inode, not the path).
+fn set_socket_file_mode(path: &Path, mode: u32) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW)
+        .open(path)?;
+    let meta = file.metadata()?;
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    if meta.mode() & libc::S_IFMT != libc::S_IFSOCK || meta.uid() != euid {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} was replaced after bind (not a socket of uid {euid})",
+                path.display()
+            ),
+        ));
+    }
+    if meta.mode() & 0o7777 == mode {
+        return Ok(());
+    }
+    let link = format!("/proc/self/fd/{}", file.as_raw_fd());
+    std::fs::set_permissions(link, std::fs::Permissions::from_mode(mode))
 }
 
 /// Sets or clears `O_NONBLOCK` on `fd`.
@@ -484,7 +529,14 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("svnic-seqpacket-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("l.sock");
-        std::fs::write(&path, b"stale").unwrap();
+        let _ = std::fs::remove_file(&path);
+        std::fs::write(&path, b"not a socket").unwrap();
+        let e = SeqPacketListener::bind(&path, 0o666).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
+        assert_eq!(std::fs::read(&path).unwrap(), b"not a socket");
+        std::fs::remove_file(&path).unwrap();
+        // A stale socket (nobody listening) is replaced.
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
         let l = SeqPacketListener::bind(&path, 0o666).unwrap();
         assert!(l.accept().unwrap().is_none());
         assert!(
@@ -499,6 +551,7 @@ mod tests {
         assert!(s.wait_readable(Duration::from_secs(1)).unwrap());
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        // Exactly the mode asked for, whatever the umask took away at bind.
         assert_eq!(mode & 0o777, 0o666);
         drop(l);
         assert!(!path.exists());

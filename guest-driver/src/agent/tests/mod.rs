@@ -5,6 +5,7 @@
 
 mod hostile;
 mod lifecycle;
+mod users;
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
@@ -287,11 +288,34 @@ impl Harness {
     }
 
     fn start_with(dir: PathBuf, nic: Box<dyn Nic>, wire: Box<dyn Nic>, b: Behaviour) -> Self {
+        let cfg = config(&dir);
+        Self::start_configured(dir, nic, wire, b, cfg)
+    }
+
+    /// An agent with these per-uid rules.
+    fn start_users(name: &str, b: Behaviour, users: UserPolicy) -> Self {
+        let dir = test_dir(name);
+        let (nic, wire) = DatagramNic::pair(MAC).unwrap();
+        let wire = DatagramNic::new(wire, MacAddr::ENGINE).unwrap();
+        let cfg = AgentConfig {
+            users,
+            ..config(&dir)
+        };
+        Self::start_configured(dir, Box::new(nic), Box::new(wire), b, cfg)
+    }
+
+    fn start_configured(
+        dir: PathBuf,
+        nic: Box<dyn Nic>,
+        wire: Box<dyn Nic>,
+        b: Behaviour,
+        cfg: AgentConfig,
+    ) -> Self {
         let memory = Arc::new(MemfdMemory::new(32 << 20).unwrap());
         let mac = nic.mac();
         let engine = FakeEngine::start(wire, mac, memory.clone(), b);
         let backend = MemfdBackend::new(memory.clone()).unwrap();
-        let (agent, handle) = Agent::new(config(&dir), nic, Box::new(backend)).unwrap();
+        let (agent, handle) = Agent::new(cfg, nic, Box::new(backend)).unwrap();
         let agent = std::thread::spawn(move || agent.run());
         Harness {
             mac,
@@ -336,11 +360,36 @@ struct Raw {
 
 impl Raw {
     fn connect(h: &Harness) -> Self {
-        let r = Raw {
-            sock: SeqPacket::connect(h.handle.socket()).unwrap(),
-        };
+        Self::greeted(SeqPacket::connect(h.handle.socket()).unwrap())
+    }
+
+    fn greeted(sock: SeqPacket) -> Self {
+        let r = Raw { sock };
         assert!(matches!(r.recv().0, Response::Hello { mac: MAC, .. }));
         r
+    }
+
+    /// Connects as `uid` (None, and a printed reason, unless the test runs as root). Only the
+    /// connecting thread changes its credentials (the raw syscalls, unlike libc's wrappers, act
+    /// on the calling thread alone), and `SO_PEERCRED` records them at connect.
+    fn connect_as(h: &Harness, uid: u32) -> Option<Self> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: connecting as another uid needs root");
+            return None;
+        }
+        let path = h.handle.socket().to_path_buf();
+        let sock = std::thread::spawn(move || {
+            // SAFETY: setresgid on this thread only; integer arguments.
+            let g = unsafe { libc::syscall(libc::SYS_setresgid, uid, uid, uid) };
+            // SAFETY: setresuid on this thread only (it ends after connecting); integers.
+            let u = unsafe { libc::syscall(libc::SYS_setresuid, uid, uid, uid) };
+            assert_eq!((g, u), (0, 0), "cannot switch this thread to uid {uid}");
+            SeqPacket::connect(&path).unwrap()
+        })
+        .join()
+        .unwrap();
+        Some(Self::greeted(sock))
     }
 
     fn send(&self, req: Request) {
@@ -358,6 +407,28 @@ impl Raw {
         match self.recv().0 {
             Response::Failure { token, reason, .. } => (token, reason),
             other => panic!("expected a failure, got {other:?}"),
+        }
+    }
+
+    /// Create + Mapped without mapping; a refusal of the Create itself is returned as Err.
+    fn try_create(&self, token: u32, endpoint: u32) -> Result<ChannelId, (AgentFailure, String)> {
+        self.send(Request::Create {
+            token,
+            endpoint,
+            ring_size: 256,
+        });
+        match self.recv().0 {
+            Response::Region { .. } => {}
+            Response::Failure { reason, detail, .. } => return Err((reason, detail)),
+            other => panic!("expected a region, got {other:?}"),
+        }
+        self.send(Request::Mapped { token });
+        loop {
+            match self.recv().0 {
+                Response::Pending { .. } => continue,
+                Response::Success { channel, .. } => return Ok(channel),
+                other => panic!("expected a channel, got {other:?}"),
+            }
         }
     }
 
