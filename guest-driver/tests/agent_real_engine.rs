@@ -27,7 +27,9 @@ use svnic_channels::MacAddr;
 use svnic_control::{GuestId, GuestPolicy};
 use svnic_guest::agent::memory::{MemfdBackend, HUGEPAGE};
 use svnic_guest::agent::nic::DatagramNic;
-use svnic_guest::agent::{Agent, AgentConfig, AgentEvent, AgentHandle};
+use svnic_guest::agent::{
+    Agent, AgentConfig, AgentEvent, AgentHandle, EndpointRange, UidLimits, UserPolicy,
+};
 use svnic_guest::virtio_user::MemfdMemory;
 use tool::{spawn_as, Tool};
 
@@ -59,6 +61,10 @@ struct Vm {
 
 impl Vm {
     fn start(name: &str) -> Self {
+        Self::start_users(name, UserPolicy::default())
+    }
+
+    fn start_users(name: &str, users: UserPolicy) -> Self {
         let dir = std::env::temp_dir().join(format!("svnic-vmmode-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -104,6 +110,7 @@ impl Vm {
         let cfg = AgentConfig {
             socket: dir.join("agent.sock"),
             state_file: Some(dir.join("agent.channels")),
+            users,
             ..AgentConfig::default()
         };
         let backend = MemfdBackend::new(memory.clone()).unwrap();
@@ -405,4 +412,94 @@ fn crash_test_sees_the_endpoint_reclaimed_through_the_agent() {
         .filter(|e| matches!(e, AgentEvent::EngineDestroyed { .. }))
         .count();
     assert_eq!(destroyed, 2, "the killed one and crash-test's own: {ev:?}");
+}
+
+/// Real processes running as nobody (the kernel's credentials, read by the agent with
+/// SO_PEERCRED): held to nobody's quota and kept out of an endpoint range reserved for another
+/// uid, and the quota comes back only after the killed holder's channel was destroyed.
+#[test]
+fn an_unprivileged_process_is_held_to_its_uids_quota_and_endpoints() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to start applications as another uid");
+        return;
+    }
+    const NOBODY: u32 = 65534;
+    let users = UserPolicy {
+        default: UidLimits::new(Some(1), None),
+        endpoint_ranges: vec![EndpointRange {
+            first: 100,
+            last: 199,
+            uid: 1000,
+        }],
+        ..UserPolicy::default()
+    };
+    let vm = Vm::start_users("uids", users);
+    let sock = vm.sock();
+    let free = vm.memory.free_bytes();
+    let echo_as_nobody = |endpoint: &str| {
+        let args = [
+            "echo",
+            "--agent",
+            &sock,
+            "--endpoint",
+            endpoint,
+            "--count",
+            "1000000",
+            "--wait",
+            "600",
+        ];
+        spawn_as("echo", &args, Some(NOBODY))
+    };
+    let holder = echo_as_nobody("1");
+    holder.wait_ready(LONG);
+    // The status is published after each turn of the agent's loop: it may lag the answer.
+    wait_until("nobody's channel counted", || {
+        vm.handle.status().users.get(&NOBODY).map(|u| u.channels) == Some(1)
+    });
+    let events = vm.handle.status().events;
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, AgentEvent::AppConnected { uid: NOBODY, .. })),
+        "{events:?}"
+    );
+
+    // A second process of the same user: refused by the user's quota, named.
+    let second = echo_as_nobody("2").finish(LONG);
+    assert!(!second.status.success());
+    assert!(
+        second
+            .stderr
+            .contains("the user's channel quota is reached")
+            && second.stderr.contains("--max-channels-per-uid"),
+        "{}",
+        second.stderr
+    );
+    // The reservation is checked first: another uid's endpoint is refused as such.
+    let reserved = echo_as_nobody("150").finish(LONG);
+    assert!(
+        reserved.stderr.contains("reserved for uid 1000"),
+        "{}",
+        reserved.stderr
+    );
+
+    // Killed: the quota comes back once the engine acknowledged the destroy, not before.
+    vm.paused.store(true, Ordering::Relaxed);
+    holder.kill();
+    wait_until("the holder is gone", || vm.handle.status().apps == 0);
+    let blocked = echo_as_nobody("2").finish(LONG);
+    assert!(
+        blocked.stderr.contains("--max-channels-per-uid"),
+        "{}",
+        blocked.stderr
+    );
+    vm.paused.store(false, Ordering::Relaxed);
+    wait_until("the quota is released", || {
+        !vm.handle.status().users.contains_key(&NOBODY)
+    });
+    assert_eq!(vm.memory.free_bytes(), free);
+    let again = echo_as_nobody("2");
+    again.wait_ready(LONG);
+    again.kill();
 }
