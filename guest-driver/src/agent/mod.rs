@@ -27,6 +27,10 @@
 //!   as `channel N destroyed by engine; memory 0x... freed`. A refused destroy keeps the memory
 //!   for good. The request bookkeeping is the control client's
 //!   ([`crate::control_client::requests::RequestTable`]).
+//! - **Users**: every application's uid comes from `SO_PEERCRED`; each uid has quotas (channels,
+//!   hugepage memory) charged until the engine acknowledged the destroy, and owns the endpoints
+//!   reserved for it or that it holds ([`policy`]). The socket is only served from a directory
+//!   others cannot change, with exactly the configured mode ([`SocketPathError`]).
 //! - **Agent restarts**: the channels whose memory it holds are listed in a state file; a new
 //!   agent destroys them before serving anyone (their pages went back to the hugepage pool,
 //!   which only the agent allocates from).

@@ -1,6 +1,5 @@
 //! What each local user (uid) may have: how many channels and how much hugepage memory, and
-//! which endpoints. Pure rules, no I/O; the agent feeds them what its users hold now
-//! ([`super::admission`]).
+//! which endpoints. Pure rules, no I/O; the agent feeds them what its users hold now.
 //!
 //! - **Quotas**: a uid's channels count from the moment the agent allocates their memory until
 //!   that memory is freed, i.e. until the engine acknowledged the destroy (or refused the

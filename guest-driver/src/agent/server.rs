@@ -208,6 +208,16 @@ impl Agent {
             self.nic.describe(),
             self.memory.describe()
         );
+        let users = &self.cfg.users;
+        let show = |n: Option<u64>| n.map_or("unlimited".to_string(), |n| n.to_string());
+        info!(
+            "per uid: {} channel(s), {} KiB of channel memory; {} override(s); {} reserved \
+             endpoint range(s)",
+            show(users.default.channels.map(|n| n as u64)),
+            show(users.default.memory.map(|b| b / 1024)),
+            users.overrides.len(),
+            users.endpoint_ranges.len()
+        );
         let mut events = vec![EpollEvent::default(); 64];
         let result = loop {
             let timeout = if self.nic_failing {
