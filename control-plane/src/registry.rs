@@ -116,13 +116,15 @@ impl<T: Clone + Send + Sync + 'static> ControlPlane<T> {
         reg.last_guest_id = next;
         let id = GuestId(next);
         info!(
-            "{id} {:?} added: MACs {:?}, endpoints {}..={}, up to {} channels of at most {} bytes",
+            "{id} {:?} added: MACs {:?}, endpoints {}..={}, up to {} channels of at most {} bytes, creates {}/s in bursts of {}",
             policy.name,
             policy.macs,
             policy.endpoints.start(),
             policy.endpoints.end(),
             policy.max_channels,
-            policy.max_region_len
+            policy.max_region_len,
+            policy.creates_per_sec,
+            policy.create_burst
         );
         reg.guest_names.insert(policy.name.clone(), id);
         for mac in &policy.macs {
