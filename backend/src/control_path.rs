@@ -9,16 +9,19 @@
 //! The requesting guest is the port the frame came in on, never a field it wrote: its source
 //! MAC must be one the port owns, and every request is checked against that guest's policy.
 //! Responses and wake frames come from [`MacAddr::ENGINE`].
+//!
+//! A guest decides how often every line here would be written, so per-request lines are debug
+//! and warnings go through [`log_limited!`]; [`ControlCounters`] keep the counts.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-use log::{debug, info, warn};
+use log::{debug, Level};
 use svnic_channels::frame::{
     control_request_id, ControlOp, ControlRequest, ControlResponse, ControlStatus, Frame, FrameBody,
 };
 use svnic_channels::{ChannelId, FailureReason, MacAddr};
-use svnic_control::{CreateRequest, GuestId};
+use svnic_control::{log_limited, CreateRequest, GuestId};
 
 use crate::engine::{Engine, GuestWaker};
 
@@ -33,6 +36,14 @@ pub trait FrameOut: Send + Sync {
 pub struct ControlCounters {
     /// Requests answered (any status).
     pub requests: AtomicU64,
+    /// Create requests the control plane refused before admitting them (rate limits included).
+    pub creates_refused: AtomicU64,
+    /// Of those, refused because the guest exceeded its create rate.
+    pub creates_rate_limited: AtomicU64,
+    /// Creates admitted (Pending) that the engine then failed (e.g. region outside memory).
+    pub creates_failed: AtomicU64,
+    /// Creates that reached Success.
+    pub creates_succeeded: AtomicU64,
     /// Doorbells relayed to a worker.
     pub doorbells: AtomicU64,
     /// Wake frames sent to guests.
@@ -148,6 +159,10 @@ impl ControlPath {
                 let channel = match self.engine.begin_create(port, &create) {
                     Ok(ch) => ch,
                     Err(reason) => {
+                        self.counters.creates_refused.fetch_add(1, Relaxed);
+                        if reason == FailureReason::RateLimited {
+                            self.counters.creates_rate_limited.fetch_add(1, Relaxed);
+                        }
                         debug!("{port}: create {create} refused: {reason}");
                         return self.respond(
                             port,
@@ -161,7 +176,8 @@ impl ControlPath {
                 self.respond(port, src, id, channel, ControlStatus::Pending);
                 match self.engine.finish_create(channel) {
                     Ok(info) => {
-                        info!(
+                        self.counters.creates_succeeded.fetch_add(1, Relaxed);
+                        debug!(
                             "{port}: {channel} created at {} on worker {}",
                             info.addr, info.worker
                         );
@@ -177,7 +193,8 @@ impl ControlPath {
                         );
                     }
                     Err(reason) => {
-                        info!("{port}: {channel} ({create}) failed: {reason}");
+                        self.counters.creates_failed.fetch_add(1, Relaxed);
+                        debug!("{port}: {channel} ({create}) failed: {reason}");
                         self.respond(port, src, id, channel, ControlStatus::Failure(reason));
                     }
                 }
@@ -232,10 +249,13 @@ impl ControlPath {
             Ok(bytes) => {
                 if !self.out.send(port, &bytes) {
                     self.counters.undeliverable.fetch_add(1, Relaxed);
-                    warn!("{port}: control frame could not be queued (RX queue full or port down)");
+                    log_limited!(
+                        Level::Warn,
+                        "{port}: engine frame could not be queued (port down, or its guest does not drain its RX)"
+                    );
                 }
             }
-            Err(e) => warn!("{port}: cannot encode control frame: {e}"),
+            Err(e) => log_limited!(Level::Warn, "{port}: cannot encode control frame: {e}"),
         }
     }
 }

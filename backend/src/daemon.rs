@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 
-use log::{info, warn};
+use log::info;
 use svnic_channels::MacAddr;
 use svnic_control::{ChannelState, GuestId};
 use thiserror::Error;
@@ -58,7 +58,7 @@ struct Events {
 impl PortEvents for Events {
     fn memory_changed(&self, port: PortId, mem: Option<Arc<GuestMemoryMmap>>) {
         if let Err(e) = self.engine.set_guest_memory(port, mem) {
-            warn!("{port}: memory change: {e}");
+            svnic_control::log_limited!(log::Level::Warn, "{port}: memory change: {e}");
         }
     }
 

@@ -242,3 +242,131 @@ fn the_waker_sends_wake_frames_to_the_guest() {
         }
     ));
 }
+
+/// Log lines written on the current test's thread, captured at every level.
+fn lines_of_this_test() -> Vec<(log::Level, String)> {
+    let name = std::thread::current().name().map(str::to_owned);
+    CAPTURE
+        .lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(thread, _, _)| *thread == name)
+        .map(|(_, level, msg)| (*level, msg.clone()))
+        .collect()
+}
+
+struct Capture {
+    lines: Mutex<Vec<(Option<String>, log::Level, String)>>,
+}
+
+static CAPTURE: Capture = Capture {
+    lines: Mutex::new(Vec::new()),
+};
+
+impl log::Log for Capture {
+    fn enabled(&self, _: &log::Metadata) -> bool {
+        true
+    }
+    fn log(&self, record: &log::Record) {
+        let thread = std::thread::current().name().map(str::to_owned);
+        let line = (thread, record.level(), record.args().to_string());
+        self.lines.lock().unwrap().push(line);
+    }
+    fn flush(&self) {}
+}
+
+fn capture_logs() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        log::set_logger(&CAPTURE).unwrap();
+        log::set_max_level(log::LevelFilter::Trace);
+    });
+}
+
+#[test]
+fn a_create_fail_loop_is_rate_limited_counted_and_kept_out_of_the_info_log() {
+    capture_logs();
+    let engine = engine(1);
+    let out = Arc::new(Recorder::default());
+    let cp = ControlPath::new(engine.clone(), out.clone());
+    let g = FakeGuest::with_policy(&engine, 1, 8, |p| {
+        p.create_burst = 4;
+        p.creates_per_sec = 1;
+    });
+    let setup_lines = lines_of_this_test().len();
+    // A region past the guest's 8 MiB: admitted, then failed by the engine, again and again.
+    let outside = create(g.mac, 1, 256, 64 << 20, 2 << 20);
+    for id in 0..5 {
+        cp.handle(g.id, &request(g.mac, id, outside));
+    }
+    let failed = ControlStatus::Failure(FailureReason::RegionOutsideMemory);
+    let mut expected = Vec::new();
+    for id in 0..4 {
+        expected.extend([(id, ControlStatus::Pending), (id, failed)]);
+    }
+    expected.push((4, ControlStatus::Failure(FailureReason::RateLimited)));
+    assert_eq!(out.statuses(), expected);
+
+    let c = cp.counters();
+    let read = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(read(&c.requests), 9);
+    assert_eq!(
+        (read(&c.creates_failed), read(&c.creates_succeeded)),
+        (4, 0)
+    );
+    assert_eq!(
+        (read(&c.creates_refused), read(&c.creates_rate_limited)),
+        (1, 1)
+    );
+
+    // Every line about these requests is still written, at debug: none at info or above.
+    let lines = lines_of_this_test().split_off(setup_lines);
+    assert!(
+        lines.iter().any(|(level, msg)| *level == log::Level::Debug
+            && msg.contains("failed")
+            && msg.contains("region outside guest memory")),
+        "{lines:?}"
+    );
+    let loud: Vec<_> = lines
+        .iter()
+        .filter(|(level, _)| *level <= log::Level::Info)
+        .collect();
+    assert!(loud.is_empty(), "{loud:?}");
+}
+
+/// A `FrameOut` whose guest never drains its RX queue.
+struct Full;
+
+impl FrameOut for Full {
+    fn send(&self, _port: GuestId, _frame: &[u8]) -> bool {
+        false
+    }
+}
+
+#[test]
+fn undeliverable_engine_frames_are_counted_and_their_warnings_limited() {
+    capture_logs();
+    let engine = engine(1);
+    let cp = ControlPath::new(engine.clone(), Arc::new(Full));
+    let g = FakeGuest::new(&engine, 1, 8);
+    let waker = cp.waker(g.id, g.mac);
+    for i in 0..1000 {
+        waker.wake(ChannelId(i));
+    }
+    let undeliverable = cp
+        .counters()
+        .undeliverable
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(undeliverable, 1000);
+    let warnings = lines_of_this_test()
+        .into_iter()
+        .filter(|(level, msg)| *level == log::Level::Warn && msg.contains("could not be queued"))
+        .count();
+    // One budget per second of the call site; the loop takes far less than a few seconds.
+    let per_window = svnic_control::log_limit::LINES_PER_WINDOW as usize;
+    assert!(
+        (1..=3 * per_window).contains(&warnings),
+        "{warnings} warnings for 1000 undeliverable frames"
+    );
+}

@@ -3,11 +3,12 @@
 
 mod net_support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use net_support::{eth, mac, payload, Event, Net, TestFrontend, HDR_LEN, RX_BUFFERS, TIMEOUT};
-use svnic_channels::frame::ETHERTYPE;
-use svnic_channels::MacAddr;
+use svnic_backend::net::PortStats;
+use svnic_channels::frame::{ControlResponse, ControlStatus, Frame, FrameBody, ETHERTYPE};
+use svnic_channels::{ChannelId, MacAddr};
 use svnic_control::GuestId;
 
 const QUIET: Duration = Duration::from_millis(200);
@@ -166,18 +167,113 @@ fn inject_reaches_the_guest() {
     assert!(net.switch.inject(GuestId(1), &response));
     assert_eq!(g.recv(TIMEOUT).as_ref(), Some(&response));
 
-    // Injected while the guest has no receive buffers: it waits, and arrives once buffers
-    // are posted.
+    // More than the guest has receive buffers: the last ones wait in the port's reserved engine
+    // queue and arrive once buffers are posted. (That queue is small: let the device drain it
+    // into the guest's buffers as the frames go in.)
     let mut many = Vec::new();
     for i in 0..(u32::from(net_support::RX_BUFFERS) + 5) {
+        wait_for_stats(&net, 1, "engine queue drained", |s| s.engine_queued < 16);
         let f = eth(mac(1), MacAddr::ENGINE, ETHERTYPE, &payload(i as u8, 30));
         assert!(net.switch.inject(GuestId(1), &f));
         many.push(f);
     }
+    wait_for_stats(&net, 1, "5 frames waiting", |s| s.engine_queued == 5);
     assert_eq!(g.recv_all(QUIET), many);
     let stats = net.switch.port(GuestId(1)).unwrap().stats();
     assert_eq!(stats.rx_frames, many.len() as u64 + 1);
-    assert_eq!(stats.rx_queued, 0);
+    assert_eq!((stats.rx_queued, stats.engine_queued), (0, 0));
+}
+
+/// Waits until port `id`'s stats satisfy `pred`.
+fn wait_for_stats(net: &Net, id: u32, what: &str, pred: impl Fn(&PortStats) -> bool) -> PortStats {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let stats = net.switch.port(GuestId(id)).unwrap().stats();
+        if pred(&stats) {
+            return stats;
+        }
+        assert!(Instant::now() < deadline, "{what}: still {stats:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// An engine frame (from `MacAddr::ENGINE`) for the guest of port `to`.
+fn engine_frame(to: u8, body: FrameBody<'static>) -> Vec<u8> {
+    Frame {
+        dst: mac(to),
+        src: MacAddr::ENGINE,
+        body,
+    }
+    .encode()
+    .unwrap()
+}
+
+#[test]
+fn another_guests_broadcast_flood_cannot_drop_or_delay_engine_frames() {
+    let mut net = Net::new();
+    let (sa, sb) = (net.add_port(1), net.add_port(2));
+    let mut a = TestFrontend::start(&sa);
+    let mut b = TestFrontend::start(&sb);
+    net.events.wait_count(&Event::Link(GuestId(1), true), 1);
+    net.events.wait_count(&Event::Link(GuestId(2), true), 1);
+
+    // B floods: A's receive buffers fill, then A's RX queue, then the rest is dropped.
+    let capacity = net.switch.config().rx_queue_frames;
+    let flood = |b: &mut TestFrontend, n: usize| {
+        for i in 0..n {
+            b.send(&eth(
+                MacAddr::BROADCAST,
+                mac(2),
+                0x0800,
+                &payload(i as u8, 200),
+            ));
+        }
+    };
+    flood(&mut b, usize::from(RX_BUFFERS) + capacity + 16);
+    let full = wait_for_stats(&net, 1, "A's buffers and RX queue full", |s| {
+        s.rx_frames == u64::from(RX_BUFFERS) && s.rx_queued == capacity && s.drops.rx_queue_full > 0
+    });
+
+    // The engine answers A and wakes one of its channels: both are queued despite the flood,
+    // and a second wake of that channel while one waits is coalesced.
+    let response = engine_frame(
+        1,
+        FrameBody::ControlResponse(ControlResponse {
+            request_id: 42,
+            channel: ChannelId(3),
+            status: ControlStatus::Pending,
+        }),
+    );
+    let wake = engine_frame(
+        1,
+        FrameBody::Wake {
+            channel: ChannelId(3),
+        },
+    );
+    assert!(net.switch.inject(GuestId(1), &response));
+    assert!(net.switch.inject(GuestId(1), &wake));
+    flood(&mut b, 50);
+    assert!(net.switch.inject(GuestId(1), &wake));
+    let s = wait_for_stats(&net, 1, "flood dropped", |s| {
+        s.drops.rx_queue_full >= full.drops.rx_queue_full + 50
+    });
+    assert_eq!(
+        (s.engine_queued, s.engine_frames, s.engine_wakes_coalesced),
+        (2, 2, 1)
+    );
+    assert_eq!(s.drops.engine_queue_full, 0);
+
+    // A drains: the frames already in its buffers, then the engine's, then the switched ones.
+    let got = a.recv_all(QUIET);
+    let first_after_buffers = usize::from(RX_BUFFERS);
+    assert_eq!(got.len(), first_after_buffers + 2 + capacity);
+    assert_eq!(got[first_after_buffers], response);
+    assert_eq!(got[first_after_buffers + 1], wake);
+    assert!(got
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !(first_after_buffers..first_after_buffers + 2).contains(i))
+        .all(|(_, f)| f[..6] == MacAddr::BROADCAST.0));
 }
 
 #[test]

@@ -109,6 +109,8 @@ wire_enum! {
         ShuttingDown = 14 => "engine shutting down",
         /// The request was malformed.
         BadRequest = 15 => "malformed request",
+        /// The guest sent create requests faster than its policy allows; it may retry later.
+        RateLimited = 16 => "too many create requests; retry later",
     }
 }
 
@@ -143,6 +145,9 @@ mod tests {
         }
         assert!(CompletionStatus::from_code(999).is_err());
         assert!(FailureReason::from_code(0).is_err());
+        // The highest code is the last one added; the next is unknown until it is defined.
+        assert_eq!(FailureReason::from_code(16), Ok(FailureReason::RateLimited));
+        assert!(FailureReason::from_code(17).is_err());
         assert!(FaultReason::from_code(0).is_err());
     }
 }

@@ -19,10 +19,12 @@
 //! ```
 //!
 //! - [`ControlPlane::begin_create`] admits a guest's request (checks in the order listed there)
-//!   and records a **Pending** channel with a fresh, never reused
-//!   [`ChannelId`](svnic_channels::ChannelId). Its (MAC, endpoint) and one unit of the guest's
-//!   quota are reserved from this moment, so no concurrent request can be promised the same
-//!   endpoint. A refused request allocates nothing (not even a channel id).
+//!   and records a **Pending** channel with a fresh [`ChannelId`](svnic_channels::ChannelId).
+//!   Its (MAC, endpoint) and one unit of the guest's quota are reserved from this moment, so no
+//!   concurrent request can be promised the same endpoint. A refused request allocates nothing
+//!   (not even a channel id). Each request, refused or not, takes a token of the guest's create
+//!   budget ([`GuestPolicy::create_burst`], [`GuestPolicy::creates_per_sec`]); with none left it
+//!   is refused with RateLimited before any other check.
 //! - The engine then does its own checks (guest memory table) and sets the channel up, and calls
 //!   [`ControlPlane::complete_create`] (**Success**: the route is bound) or
 //!   [`ControlPlane::fail_create`] (**Failure**: the reservation is released).
@@ -34,6 +36,14 @@
 //!   are refused; the create work is dropped and the teardown owner finishes the channel.
 //! - Failure and Destroyed are terminal ([`lifecycle`]); the last [`MAX_TERMINAL_RECORDS`] of
 //!   them are kept for operators, live records are never dropped.
+//!
+//! ## Channel ids
+//!
+//! Ids are handed out in turn over 1..=u32::MAX (0 is "no channel" on the wire), wrapping back to
+//! 1 after u32::MAX, so they never run out whatever a guest does. An id still held by a record
+//! (live, and also a kept terminal one, so that a record always names exactly one channel) is
+//! skipped, not evicted; an id therefore comes back only after a full cycle, and only once its
+//! old record is gone. Failed creates spend an id like any other.
 //!
 //! ## Order the engine follows when a guest goes away
 //!
@@ -59,11 +69,13 @@
 //! registered guest.
 
 pub mod admission;
+mod channel_ids;
 pub mod error;
 pub mod fast_hash;
 pub mod lifecycle;
 pub mod log_limit;
 pub mod policy;
+mod rate_limit;
 pub mod records;
 pub mod registry;
 pub mod routing;

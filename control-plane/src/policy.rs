@@ -1,5 +1,5 @@
 //! Per-guest policy: which MACs a guest owns, which endpoint ids it may bind, how many channels it
-//! may hold and how large their regions may be.
+//! may hold, how large their regions may be and how fast it may ask for new ones.
 //!
 //! A policy comes from the operator (configuration or CLI), never from the guest. It is validated
 //! once, when the guest is added ([`GuestPolicy::validate`]); the registry then checks every create
@@ -17,6 +17,12 @@ pub const DEFAULT_ENDPOINTS: RangeInclusive<EndpointId> = 0..=1023;
 pub const DEFAULT_MAX_CHANNELS: u32 = 64;
 /// Largest channel region a guest may register unless its policy says otherwise (64 MiB).
 pub const DEFAULT_MAX_REGION_LEN: u64 = 64 << 20;
+/// Create requests a guest may send back to back unless its policy says otherwise.
+pub const DEFAULT_CREATE_BURST: u32 = 64;
+/// Create requests per second a guest may sustain unless its policy says otherwise.
+pub const DEFAULT_CREATES_PER_SEC: u32 = 200;
+/// Highest `creates_per_sec` accepted: one token per nanosecond.
+pub const MAX_CREATES_PER_SEC: u32 = 1_000_000_000;
 /// Longest guest name accepted.
 pub const MAX_GUEST_NAME_LEN: usize = 64;
 
@@ -34,12 +40,19 @@ pub struct GuestPolicy {
     /// Largest region one channel may register, in bytes: a multiple of 4096 in
     /// `4096..=`[`MAX_REGION_LEN`].
     pub max_region_len: u64,
+    /// Create requests the guest may send back to back (the token bucket's size), at least 1.
+    /// Every create request takes a token, refused ones included.
+    pub create_burst: u32,
+    /// Tokens added back per second, in `1..=`[`MAX_CREATES_PER_SEC`]. A request finding no token
+    /// is refused with RateLimited, before anything is checked or reserved.
+    pub creates_per_sec: u32,
 }
 
 impl GuestPolicy {
     /// A policy for guest `name` owning `mac`, with the defaults: endpoints
     /// [`DEFAULT_ENDPOINTS`], [`DEFAULT_MAX_CHANNELS`] channels, regions up to
-    /// [`DEFAULT_MAX_REGION_LEN`]. Not validated; [`GuestPolicy::validate`] does that.
+    /// [`DEFAULT_MAX_REGION_LEN`], creates at [`DEFAULT_CREATES_PER_SEC`] per second in bursts of
+    /// [`DEFAULT_CREATE_BURST`]. Not validated; [`GuestPolicy::validate`] does that.
     pub fn new(name: impl Into<String>, mac: MacAddr) -> Self {
         GuestPolicy {
             name: name.into(),
@@ -47,6 +60,8 @@ impl GuestPolicy {
             endpoints: DEFAULT_ENDPOINTS,
             max_channels: DEFAULT_MAX_CHANNELS,
             max_region_len: DEFAULT_MAX_REGION_LEN,
+            create_burst: DEFAULT_CREATE_BURST,
+            creates_per_sec: DEFAULT_CREATES_PER_SEC,
         }
     }
 
@@ -87,6 +102,14 @@ impl GuestPolicy {
                 name: name.clone(),
                 len,
                 max: MAX_REGION_LEN,
+            });
+        }
+        if self.create_burst == 0 || !(1..=MAX_CREATES_PER_SEC).contains(&self.creates_per_sec) {
+            return Err(PolicyError::BadCreateRate {
+                name: name.clone(),
+                burst: self.create_burst,
+                per_sec: self.creates_per_sec,
+                max: MAX_CREATES_PER_SEC,
             });
         }
         Ok(())
@@ -200,6 +223,18 @@ pub enum PolicyError {
         /// The ABI maximum.
         max: u64,
     },
+    /// The create rate limit is unusable: a zero burst, or a rate outside `1..=max` per second.
+    #[error("guest policy {name:?}: create rate {per_sec}/s in bursts of {burst}: the burst must be at least 1 and the rate between 1 and {max} per second")]
+    BadCreateRate {
+        /// The guest name.
+        name: String,
+        /// The burst given.
+        burst: u32,
+        /// The rate given.
+        per_sec: u32,
+        /// The highest rate accepted.
+        max: u32,
+    },
 }
 
 #[cfg(test)]
@@ -307,6 +342,25 @@ mod tests {
         for good in [PAGE, 2 << 20, MAX_REGION_LEN] {
             p.max_region_len = good;
             assert_eq!(p.validate(), Ok(()), "{good}");
+        }
+    }
+
+    #[test]
+    fn create_rate_is_checked() {
+        let mut p = GuestPolicy::new("vm", MAC);
+        assert_eq!((p.create_burst, p.creates_per_sec), (64, 200));
+        for (burst, per_sec) in [(0, 200), (64, 0), (64, MAX_CREATES_PER_SEC + 1)] {
+            p.create_burst = burst;
+            p.creates_per_sec = per_sec;
+            assert!(
+                matches!(p.validate(), Err(PolicyError::BadCreateRate { burst: b, per_sec: r, .. }) if b == burst && r == per_sec),
+                "{burst} {per_sec}"
+            );
+        }
+        for (burst, per_sec) in [(1, 1), (u32::MAX, MAX_CREATES_PER_SEC)] {
+            p.create_burst = burst;
+            p.creates_per_sec = per_sec;
+            assert_eq!(p.validate(), Ok(()), "{burst} {per_sec}");
         }
     }
 

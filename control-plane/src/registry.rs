@@ -3,19 +3,25 @@
 //! Guests and channels live behind one mutex: the control path is slow and rare, and one lock makes
 //! every check-then-reserve atomic (two racing requests for one endpoint cannot both pass). The data
 //! path never takes it; it reads the [`RoutingTable`] snapshots only.
+//!
+//! Lines about one channel (admitted, created, failed, destroyed) are debug: a guest decides how
+//! often they happen. The records, [`ControlPlane::failed_requests`] and the engine's counters
+//! keep the detail; guests added and removed (operator actions) are logged at info.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use log::{debug, error, info};
 use svnic_channels::{ChannelAddr, ChannelId, FailureReason, MacAddr};
 
 use crate::admission::admit;
+use crate::channel_ids::ChannelIds;
 use crate::error::ControlError;
 use crate::lifecycle::{ChannelState, LifecycleEvent};
 use crate::policy::GuestPolicy;
+use crate::rate_limit::TokenBucket;
 use crate::records::{
     ChannelRecord, ChannelTeardown, CreateRequest, FailedRequest, GuestId, GuestInfo,
 };
@@ -32,18 +38,24 @@ pub const MAX_FAILED_REQUESTS: usize = 64;
 pub struct ControlPlane<T> {
     registry: Mutex<Registry>,
     routes: RoutingTable<T>,
+    /// The time the create-rate limits run on.
+    clock: Box<dyn Fn() -> Instant + Send + Sync>,
 }
 
 struct GuestEntry {
     policy: GuestPolicy,
     /// Live (Pending or Success) channels, destroying or not: they count against the quota.
     live: BTreeSet<ChannelId>,
+    /// The guest's create-request budget ([`GuestPolicy::create_burst`] and
+    /// [`GuestPolicy::creates_per_sec`]).
+    creates: TokenBucket,
 }
 
 #[derive(Default)]
 struct Registry {
     last_guest_id: u32,
-    last_channel_id: u32,
+    /// The next channel id: any id no record holds (see the crate documentation).
+    channel_ids: ChannelIds,
     guests: BTreeMap<GuestId, GuestEntry>,
     guest_names: HashMap<String, GuestId>,
     mac_owners: HashMap<MacAddr, GuestId>,
@@ -58,9 +70,16 @@ struct Registry {
 impl<T: Clone + Send + Sync + 'static> ControlPlane<T> {
     /// An empty control plane: no guest, no channel, no route.
     pub fn new() -> Self {
+        Self::with_clock(Instant::now)
+    }
+
+    /// An empty control plane whose create-rate limits read the time from `clock` (tests drive
+    /// it by hand).
+    pub fn with_clock(clock: impl Fn() -> Instant + Send + Sync + 'static) -> Self {
         ControlPlane {
             registry: Mutex::new(Registry::default()),
             routes: RoutingTable::new(),
+            clock: Box::new(clock),
         }
     }
 
@@ -97,23 +116,27 @@ impl<T: Clone + Send + Sync + 'static> ControlPlane<T> {
         reg.last_guest_id = next;
         let id = GuestId(next);
         info!(
-            "{id} {:?} added: MACs {:?}, endpoints {}..={}, up to {} channels of at most {} bytes",
+            "{id} {:?} added: MACs {:?}, endpoints {}..={}, up to {} channels of at most {} bytes, creates {}/s in bursts of {}",
             policy.name,
             policy.macs,
             policy.endpoints.start(),
             policy.endpoints.end(),
             policy.max_channels,
-            policy.max_region_len
+            policy.max_region_len,
+            policy.creates_per_sec,
+            policy.create_burst
         );
         reg.guest_names.insert(policy.name.clone(), id);
         for mac in &policy.macs {
             reg.mac_owners.insert(*mac, id);
         }
+        let creates = TokenBucket::full(policy.create_burst, (self.clock)());
         reg.guests.insert(
             id,
             GuestEntry {
                 policy,
                 live: BTreeSet::new(),
+                creates,
             },
         );
         Ok(id)
@@ -176,7 +199,8 @@ impl<T: Clone + Send + Sync + 'static> ControlPlane<T> {
     /// Admits a create request from `guest` (the guest the request *arrived from*, never a field
     /// it wrote) and records the channel as Pending, with its address and quota reserved.
     ///
-    /// Checks, in this order, failing with the first that applies: UnknownGuest; MacNotOwned;
+    /// Checks, in this order, failing with the first that applies: UnknownGuest; RateLimited (the
+    /// request takes a token of the guest's create budget, whatever its outcome); MacNotOwned;
     /// EndpointOutOfRange; the ABI layout ([`svnic_channels::ChannelLayout::new`]: BadRingSize,
     /// RegionTooSmall, RegionTooLarge, RegionMisaligned for the length); RegionTooLarge (above the
     /// policy's `max_region_len`); RegionMisaligned (address not 4 KiB aligned);
@@ -192,14 +216,14 @@ impl<T: Clone + Send + Sync + 'static> ControlPlane<T> {
         guest: GuestId,
         req: &CreateRequest,
     ) -> Result<ChannelId, FailureReason> {
+        let now = (self.clock)();
         let mut reg = self.lock();
-        match reg.admit_and_reserve(guest, req) {
+        match reg.admit_and_reserve(guest, req, now) {
             Ok(id) => {
-                info!("{id} pending for {guest}: {req}");
+                debug!("{id} pending for {guest}: {req}");
                 Ok(id)
             }
             Err(reason) => {
-                // Debug, not info: the guest controls how often this happens.
                 debug!("create request from {guest} refused ({reason}): {req}");
                 let guest_name = reg.guest_name(guest);
                 reg.log_failure(guest, guest_name, *req, reason, None);
@@ -227,7 +251,7 @@ impl<T: Clone + Send + Sync + 'static> ControlPlane<T> {
         rec.state = next;
         rec.worker = Some(worker);
         rec.cpu = cpu;
-        info!(
+        debug!(
             "{id} of {} created at {}: worker {worker}, cpu {cpu:?}",
             rec.guest, rec.addr
         );
@@ -241,7 +265,7 @@ impl<T: Clone + Send + Sync + 'static> ControlPlane<T> {
         let rec = reg.changeable(id)?;
         rec.state = transition(rec, LifecycleEvent::Refused(reason))?;
         let (guest, guest_name, request) = (rec.guest, rec.guest_name.clone(), request_of(rec));
-        info!("{id} of {guest} failed: {reason}");
+        debug!("{id} of {guest} failed: {reason}");
         reg.release(id);
         reg.log_failure(guest, Some(guest_name), request, reason, Some(id));
         Ok(())
@@ -279,7 +303,7 @@ impl<T: Clone + Send + Sync + 'static> ControlPlane<T> {
         }
         rec.state = transition(rec, LifecycleEvent::Destroy)?;
         rec.destroying = false;
-        info!("{id} of {} at {} destroyed", rec.guest, rec.addr);
+        debug!("{id} of {} at {} destroyed", rec.guest, rec.addr);
         reg.release(id);
         Ok(())
     }
@@ -328,7 +352,7 @@ impl<T: Clone + Send + Sync + 'static> ControlPlane<T> {
             None
         };
         rec.destroying = true;
-        info!("{id} of {} at {} being destroyed", rec.guest, rec.addr);
+        debug!("{id} of {} at {} being destroyed", rec.guest, rec.addr);
         Ok(ChannelTeardown {
             record: rec.clone(),
             payload,
@@ -372,10 +396,15 @@ impl Registry {
         &mut self,
         guest: GuestId,
         req: &CreateRequest,
+        now: Instant,
     ) -> Result<ChannelId, FailureReason> {
-        let Some(entry) = self.guests.get(&guest) else {
+        let Some(entry) = self.guests.get_mut(&guest) else {
             return Err(FailureReason::UnknownGuest);
         };
+        let (burst, per_sec) = (entry.policy.create_burst, entry.policy.creates_per_sec);
+        if !entry.creates.try_take(burst, per_sec, now) {
+            return Err(FailureReason::RateLimited);
+        }
         let live: Vec<&ChannelRecord> = entry
             .live
             .iter()
@@ -384,14 +413,18 @@ impl Registry {
         admit(&entry.policy, req, &live, |addr| {
             self.reserved.contains_key(addr)
         })?;
-        let Some(next) = self.last_channel_id.checked_add(1) else {
-            error!(
-                "channel ids exhausted after {}; refusing creates",
-                self.last_channel_id
+        let channels = &self.channels;
+        let Some(id) = self
+            .channel_ids
+            .allocate(channels.len(), |id| channels.contains_key(&id))
+        else {
+            // Only with a record for every one of the 2^32 - 1 ids: not reachable in practice.
+            crate::log_limited!(
+                log::Level::Error,
+                "every channel id is in use; refusing creates"
             );
             return Err(FailureReason::QuotaExceeded);
         };
-        let id = ChannelId(next);
         let record = ChannelRecord {
             id,
             guest,
@@ -406,7 +439,6 @@ impl Registry {
             cpu: None,
             created: SystemTime::now(),
         };
-        self.last_channel_id = next;
         self.reserved.insert(record.addr, id);
         self.channels.insert(id, record);
         if let Some(entry) = self.guests.get_mut(&guest) {
@@ -512,3 +544,6 @@ impl<T> fmt::Debug for ControlPlane<T> {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests;

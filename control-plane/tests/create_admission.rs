@@ -387,7 +387,7 @@ fn a_refused_request_allocates_nothing() {
 
 #[test]
 fn the_failed_request_log_is_bounded() {
-    let (cp, a) = plane_with_guest_a();
+    let (cp, a) = plane_with(|p| p.create_burst = 1000);
     for ep in 0..(MAX_FAILED_REQUESTS as u32 + 10) {
         let r = CreateRequest {
             ring_size: 1,

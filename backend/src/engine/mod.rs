@@ -18,7 +18,7 @@ pub(crate) mod worker;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use log::{info, warn};
+use log::{debug, info, warn};
 use svnic_channels::{
     ChannelAddr, ChannelId, ChannelLayout, FailureReason, RegionError, SharedRegion,
 };
@@ -219,7 +219,11 @@ impl Engine {
             None => {
                 let n = self.destroy_guest_channels(guest);
                 if n > 0 {
-                    info!("guest {}: memory gone, {n} channel(s) destroyed", guest.0);
+                    svnic_control::log_limited!(
+                        log::Level::Info,
+                        "guest {}: memory gone, {n} channel(s) destroyed",
+                        guest.0
+                    );
                 }
             }
             Some(new) => {
@@ -352,14 +356,17 @@ impl Engine {
             backing,
         }));
         if let Err(e) = ch.mem().init_header(id.0, worker as u32, w.cpu) {
-            warn!("{id}: cannot initialise channel header: {e}");
+            svnic_control::log_limited!(
+                log::Level::Warn,
+                "{id}: cannot initialise channel header: {e}"
+            );
             return fail(FailureReason::RegionOutsideMemory);
         }
         lock(&self.inner.channels).insert(id, ch.clone());
         w.attach(ch.clone());
         if let Err(e) = control.complete_create(id, ch.clone(), worker as u32, w.cpu) {
             // Destroyed while pending (guest went away): undo.
-            warn!("{id}: creation overtaken: {e}");
+            svnic_control::log_limited!(log::Level::Warn, "{id}: creation overtaken: {e}");
             ch.close();
             w.detach(id);
             lock(&self.inner.channels).remove(&id);
@@ -403,10 +410,10 @@ impl Engine {
         if let Some(ch) = ch {
             ch.close();
             self.inner.workers[ch.worker].detach(id);
-            info!("{id} ({}) destroyed: {:?}", ch.addr, ch.counters.snapshot());
+            debug!("{id} ({}) destroyed: {:?}", ch.addr, ch.counters.snapshot());
         }
         if let Err(e) = self.inner.control.finish_destroy(id) {
-            warn!("{id}: finishing destroy: {e}");
+            svnic_control::log_limited!(log::Level::Warn, "{id}: finishing destroy: {e}");
         }
     }
 

@@ -346,7 +346,8 @@ impl NetDevice {
             return;
         }
         let mut completed = false;
-        while let Some(frame) = port.peek_rx() {
+        // Engine frames first (`peek_rx`); each is popped from the queue it was peeked from.
+        while let Some((from, frame)) = port.peek_rx() {
             let q = state.get_queue_mut();
             let w = match write_rx_frame(q, mem, &frame, &dp.net) {
                 Ok(w) => w,
@@ -361,17 +362,17 @@ impl NetDevice {
             }
             match w.outcome {
                 RxOutcome::Delivered { .. } => {
-                    port.pop_rx();
+                    port.pop_rx(from);
                     PortCounters::inc(&c.rx_frames);
                     PortCounters::add(&c.rx_bytes, frame.len() as u64);
                     completed = true;
                 }
                 RxOutcome::TooBig => {
-                    port.pop_rx();
+                    port.pop_rx(from);
                     PortCounters::inc(&c.rx_too_big);
                 }
                 RxOutcome::WriteFailed => {
-                    port.pop_rx();
+                    port.pop_rx(from);
                     PortCounters::inc(&c.rx_bad_descriptors);
                     completed = true;
                 }

@@ -1,8 +1,14 @@
 //! A switch port: the seam between a guest's virtio-net device and the rest of the daemon.
 //!
 //! [`PortEvents`] is what the device reports to the daemon; [`SwitchPort`] is the per-guest state
-//! the switch keeps (owned MACs, link state, the bounded queue of frames waiting for the guest's
+//! the switch keeps (owned MACs, link state, the bounded queues of frames waiting for the guest's
 //! RX buffers, the wake eventfd of the device's worker, counters).
+//!
+//! A port has two RX queues. Frames from the engine (control responses, wakes) wait in a small
+//! reserved queue of their own, which the device drains first: switched traffic from other guests
+//! (a broadcast flood) can fill only the other queue, so it can neither drop nor delay them. A
+//! wake for a channel that already has one waiting (not the one being delivered) is coalesced
+//! into it: one pending wake per channel is all a guest needs.
 
 use std::collections::VecDeque;
 use std::io;
@@ -10,7 +16,7 @@ use std::os::unix::io::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use svnic_channels::MacAddr;
+use svnic_channels::{ChannelId, MacAddr};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -70,6 +76,9 @@ pub(crate) struct PortCounters {
     pub rx_port_down: AtomicU64,
     pub rx_too_big: AtomicU64,
     pub rx_bad_descriptors: AtomicU64,
+    pub engine_frames: AtomicU64,
+    pub engine_wakes_coalesced: AtomicU64,
+    pub engine_queue_full: AtomicU64,
 }
 
 impl PortCounters {
@@ -109,6 +118,9 @@ pub struct PortDrops {
     /// RX descriptor chains that were unusable (read-only, outside guest memory, empty);
     /// returned to the guest with length 0.
     pub rx_bad_descriptors: u64,
+    /// To the guest, from the engine: its reserved engine queue was full (the guest does not
+    /// drain its RX queue).
+    pub engine_queue_full: u64,
 }
 
 impl PortDrops {
@@ -123,6 +135,7 @@ impl PortDrops {
             + self.rx_port_down
             + self.rx_too_big
             + self.rx_bad_descriptors
+            + self.engine_queue_full
     }
 }
 
@@ -135,8 +148,14 @@ pub struct PortStats {
     pub macs: Vec<MacAddr>,
     /// Link up: a frontend is connected and the device started.
     pub link_up: bool,
-    /// Frames waiting for the guest's RX buffers.
+    /// Switched frames waiting for the guest's RX buffers.
     pub rx_queued: usize,
+    /// Engine frames (control responses, wakes) waiting in the reserved queue; delivered first.
+    pub engine_queued: usize,
+    /// Engine frames accepted into the reserved queue, in total.
+    pub engine_frames: u64,
+    /// Wake frames not queued because a wake for the same channel was already waiting.
+    pub engine_wakes_coalesced: u64,
     /// Frames the guest sent (every frame read from its TX queue).
     pub tx_frames: u64,
     /// Bytes of those frames (without the virtio-net header).
@@ -155,7 +174,36 @@ pub struct PortStats {
 
 struct RxQueue {
     up: bool,
+    /// Engine-originated frames, delivered before `frames`; never displaced by switched traffic.
+    engine: VecDeque<EngineFrame>,
+    /// Switched frames from other ports.
     frames: VecDeque<Arc<PooledFrame>>,
+}
+
+struct EngineFrame {
+    frame: Arc<PooledFrame>,
+    /// The channel, if the frame is a wake.
+    wake: Option<ChannelId>,
+}
+
+/// Which of a port's RX queues a frame came from (see the module documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RxSource {
+    /// The reserved queue of engine frames.
+    Engine,
+    /// The queue of switched frames.
+    Switched,
+}
+
+/// What became of an engine frame handed to [`SwitchPort::enqueue_engine`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum EngineQueued {
+    /// Queued.
+    Queued,
+    /// A wake for the same channel was already waiting: nothing more to queue.
+    Coalesced,
+    /// Not queued (counted): link down, or the reserved queue full.
+    Refused,
 }
 
 /// One guest's port on the switch. Created by [`super::Switch::add_port`]; lives as long as the
@@ -164,6 +212,7 @@ pub struct SwitchPort {
     id: PortId,
     macs: Vec<MacAddr>,
     rx_capacity: usize,
+    engine_capacity: usize,
     rx: Mutex<RxQueue>,
     wake: EventFd,
     pub(crate) counters: PortCounters,
@@ -180,13 +229,22 @@ impl std::fmt::Debug for SwitchPort {
 }
 
 impl SwitchPort {
-    pub(crate) fn new(id: PortId, macs: Vec<MacAddr>, rx_capacity: usize) -> io::Result<Self> {
+    /// A port whose switched RX queue holds `rx_capacity` frames and whose reserved engine queue
+    /// holds `engine_capacity`.
+    pub(crate) fn new(
+        id: PortId,
+        macs: Vec<MacAddr>,
+        rx_capacity: usize,
+        engine_capacity: usize,
+    ) -> io::Result<Self> {
         Ok(SwitchPort {
             id,
             macs,
             rx_capacity,
+            engine_capacity,
             rx: Mutex::new(RxQueue {
                 up: false,
+                engine: VecDeque::new(),
                 frames: VecDeque::new(),
             }),
             wake: EventFd::new(EFD_NONBLOCK)?,
@@ -228,15 +286,18 @@ impl SwitchPort {
     /// A snapshot of the port's counters.
     pub fn stats(&self) -> PortStats {
         let c = &self.counters;
-        let (link_up, rx_queued) = {
+        let (link_up, rx_queued, engine_queued) = {
             let rx = self.lock_rx();
-            (rx.up, rx.frames.len())
+            (rx.up, rx.frames.len(), rx.engine.len())
         };
         PortStats {
             port: self.id,
             macs: self.macs.clone(),
             link_up,
             rx_queued,
+            engine_queued,
+            engine_frames: read(&c.engine_frames),
+            engine_wakes_coalesced: read(&c.engine_wakes_coalesced),
             tx_frames: read(&c.tx_frames),
             tx_bytes: read(&c.tx_bytes),
             rx_frames: read(&c.rx_frames),
@@ -253,6 +314,7 @@ impl SwitchPort {
                 rx_port_down: read(&c.rx_port_down),
                 rx_too_big: read(&c.rx_too_big),
                 rx_bad_descriptors: read(&c.rx_bad_descriptors),
+                engine_queue_full: read(&c.engine_queue_full),
             },
         }
     }
@@ -283,26 +345,75 @@ impl SwitchPort {
         true
     }
 
-    /// Link up or down. Going down discards the queued frames (counted as `rx_port_down`).
+    /// Queues an engine frame (`wake`: the channel, if it is a wake frame) in the reserved queue.
+    /// Refused (and counted) if the link is down or the reserved queue is full. A wake for a
+    /// channel that already has one waiting behind the front is coalesced into it; the front one
+    /// may already be on its way into the guest's buffers, so it does not count. Wakes the
+    /// device's worker when the reserved queue was empty.
+    pub(crate) fn enqueue_engine(
+        &self,
+        frame: Arc<PooledFrame>,
+        wake: Option<ChannelId>,
+    ) -> EngineQueued {
+        let mut rx = self.lock_rx();
+        if !rx.up {
+            PortCounters::inc(&self.counters.rx_port_down);
+            return EngineQueued::Refused;
+        }
+        if wake.is_some() && rx.engine.iter().skip(1).any(|f| f.wake == wake) {
+            PortCounters::inc(&self.counters.engine_wakes_coalesced);
+            return EngineQueued::Coalesced;
+        }
+        if rx.engine.len() >= self.engine_capacity {
+            PortCounters::inc(&self.counters.engine_queue_full);
+            return EngineQueued::Refused;
+        }
+        let was_empty = rx.engine.is_empty();
+        rx.engine.push_back(EngineFrame { frame, wake });
+        drop(rx);
+        PortCounters::inc(&self.counters.engine_frames);
+        if was_empty {
+            // A failed write means the counter is at its maximum: the worker is awake anyway.
+            let _ = self.wake.write(1);
+        }
+        EngineQueued::Queued
+    }
+
+    /// Link up or down. Going down discards the queued frames of both queues (counted as
+    /// `rx_port_down`).
     pub(crate) fn set_up(&self, up: bool) {
         let mut rx = self.lock_rx();
         rx.up = up;
         if !up {
-            let n = rx.frames.len() as u64;
+            let n = (rx.frames.len() + rx.engine.len()) as u64;
             rx.frames.clear();
+            rx.engine.clear();
             PortCounters::add(&self.counters.rx_port_down, n);
         }
     }
 
-    /// The oldest queued frame, left in the queue. Only the port's worker consumes the queue, so
-    /// a peeked frame is still at the front when it calls [`Self::pop_rx`].
-    pub(crate) fn peek_rx(&self) -> Option<Arc<PooledFrame>> {
-        self.lock_rx().frames.front().cloned()
+    /// The next frame to deliver, left in its queue: the oldest engine frame if there is one,
+    /// otherwise the oldest switched frame. Only the port's worker consumes the queues, so the
+    /// peeked frame is still at the front of its queue when it calls [`Self::pop_rx`] with the
+    /// same source (an engine frame queued in between does not take its place).
+    pub(crate) fn peek_rx(&self) -> Option<(RxSource, Arc<PooledFrame>)> {
+        let rx = self.lock_rx();
+        match rx.engine.front() {
+            Some(f) => Some((RxSource::Engine, Arc::clone(&f.frame))),
+            None => rx
+                .frames
+                .front()
+                .map(|f| (RxSource::Switched, Arc::clone(f))),
+        }
     }
 
-    /// Removes the oldest queued frame.
-    pub(crate) fn pop_rx(&self) -> Option<Arc<PooledFrame>> {
-        self.lock_rx().frames.pop_front()
+    /// Removes the oldest frame of the queue `from`.
+    pub(crate) fn pop_rx(&self, from: RxSource) -> Option<Arc<PooledFrame>> {
+        let mut rx = self.lock_rx();
+        match from {
+            RxSource::Engine => rx.engine.pop_front().map(|f| f.frame),
+            RxSource::Switched => rx.frames.pop_front(),
+        }
     }
 
     /// Resets the wake eventfd (before the worker looks at the queue, so that no wake is lost).

@@ -18,12 +18,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use log::{debug, info};
-use svnic_channels::frame::claims_svnic;
+use svnic_channels::frame::{claims_svnic, Frame, FrameBody};
 use svnic_channels::MacAddr;
 use thiserror::Error;
 
 use super::frame_pool::{FramePool, PooledFrame};
-use super::port::{PortCounters, PortEvents, PortId, PortStats, SwitchPort};
+use super::port::{EngineQueued, PortCounters, PortEvents, PortId, PortStats, SwitchPort};
 use super::virtio_net::MAX_FRAME_LEN;
 
 /// Length of an Ethernet header (destination, source, EtherType).
@@ -39,8 +39,12 @@ pub trait Uplink: Send + Sync {
 /// Tunables of a switch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SwitchConfig {
-    /// Frames a port's RX queue holds while its guest has no receive buffers.
+    /// Switched frames a port's RX queue holds while its guest has no receive buffers.
     pub rx_queue_frames: usize,
+    /// Engine frames (control responses, wakes) a port's reserved queue holds; see
+    /// [`Switch::inject`]. The default leaves room for a pending wake on each channel of the
+    /// default quota, plus responses.
+    pub engine_queue_frames: usize,
     /// Free frame buffers kept for reuse.
     pub pooled_buffers: usize,
 }
@@ -49,6 +53,7 @@ impl Default for SwitchConfig {
     fn default() -> Self {
         SwitchConfig {
             rx_queue_frames: 1024,
+            engine_queue_frames: 128,
             pooled_buffers: 4096,
         }
     }
@@ -171,8 +176,13 @@ impl Switch {
         let mut owned = macs.to_vec();
         owned.dedup();
         let port = Arc::new(
-            SwitchPort::new(id, owned, self.config.rx_queue_frames)
-                .map_err(|source| SwitchError::WakeFd { port: id, source })?,
+            SwitchPort::new(
+                id,
+                owned,
+                self.config.rx_queue_frames,
+                self.config.engine_queue_frames,
+            )
+            .map_err(|source| SwitchError::WakeFd { port: id, source })?,
         );
         for &mac in macs {
             t.by_mac.insert(mac, id);
@@ -219,9 +229,12 @@ impl Switch {
         self.pool.take()
     }
 
-    /// Sends `frame` into port `port`'s RX (engine-originated control responses and wake
-    /// frames). True if queued; false if there is no such port, its link is down or its queue is
-    /// full (the last two counted on the port), or the frame is not a plausible Ethernet frame.
+    /// Sends `frame` into port `port`'s RX: engine-originated control responses and wake frames.
+    /// They go to the port's reserved engine queue, which the device drains before switched
+    /// traffic and which switched traffic cannot fill; a wake for a channel that already has one
+    /// waiting is coalesced into it. True if queued or coalesced; false if there is no such port,
+    /// its link is down or its reserved queue is full (the last two counted on the port), or the
+    /// frame is not a plausible Ethernet frame.
     pub fn inject(&self, port: PortId, frame: &[u8]) -> bool {
         if frame.len() < ETH_HEADER_LEN || frame.len() > MAX_FRAME_LEN {
             debug!("switch: inject of a {}-byte frame refused", frame.len());
@@ -230,9 +243,16 @@ impl Switch {
         let Some(target) = self.port(port) else {
             return false;
         };
+        let wake = match Frame::decode(frame) {
+            Ok(Frame {
+                body: FrameBody::Wake { channel },
+                ..
+            }) => Some(channel),
+            _ => None,
+        };
         let mut buf = self.pool.take();
         buf.buf_mut().extend_from_slice(frame);
-        target.enqueue(Arc::new(buf))
+        target.enqueue_engine(Arc::new(buf), wake) != EngineQueued::Refused
     }
 
     /// Switches a frame the guest of `from` sent (see the module documentation for the rules).

@@ -371,8 +371,18 @@ fn control_response_errors() {
             Err(DecodeError::ReservedNotZero { .. })
         ));
     }
-    // Failure with reason 0 or an unknown reason.
-    for r in [0u16, 999] {
+    // The newest reason decodes; the next code (what a decoder of this version sees from a newer
+    // engine) is refused as unknown, like 0 and any other unknown reason.
+    let mut v = failure.clone();
+    v[body_at(6)..body_at(8)].copy_from_slice(&16u16.to_le_bytes());
+    assert!(matches!(
+        Frame::decode(&v).map(|f| f.body),
+        Ok(FrameBody::ControlResponse(ControlResponse {
+            status: ControlStatus::Failure(FailureReason::RateLimited),
+            ..
+        }))
+    ));
+    for r in [0u16, 17, 999] {
         let mut v = failure.clone();
         v[body_at(6)..body_at(8)].copy_from_slice(&r.to_le_bytes());
         assert!(matches!(

@@ -146,7 +146,7 @@ pub enum Request {
 /// Why the agent refused a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AgentFailure {
-    /// The engine refused (codes 1..=15, docs/abi.md §6.2).
+    /// The engine refused (codes below 0x100, docs/abi.md §6.2).
     Engine(FailureReason),
     /// The request was malformed or out of place (code 0x101).
     BadRequest,

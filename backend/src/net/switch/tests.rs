@@ -2,7 +2,8 @@
 
 use std::sync::Mutex;
 
-use svnic_channels::frame::ETHERTYPE;
+use svnic_channels::frame::{ControlResponse, ControlStatus, ETHERTYPE};
+use svnic_channels::ChannelId;
 use svnic_control::GuestId;
 use vm_memory::GuestMemoryMmap;
 
@@ -77,10 +78,15 @@ impl Fixture {
         self.switch.forward(&self.ports[from], f);
     }
 
+    /// Every queued frame of `port`, in the order its device delivers them.
     fn received(&self, port: usize) -> Vec<Vec<u8>> {
-        std::iter::from_fn(|| self.ports[port].pop_rx())
-            .map(|f| f.to_vec())
-            .collect()
+        let p = &self.ports[port];
+        std::iter::from_fn(|| {
+            let (from, frame) = p.peek_rx()?;
+            assert!(p.pop_rx(from).is_some());
+            Some(frame.to_vec())
+        })
+        .collect()
     }
 }
 
@@ -183,6 +189,7 @@ fn rx_queue_is_bounded_and_overflow_counted() {
         SwitchConfig {
             rx_queue_frames: 3,
             pooled_buffers: 8,
+            ..SwitchConfig::default()
         },
     );
     for i in 0..5u8 {
@@ -256,4 +263,110 @@ fn add_port_rejects_bad_mac_sets() {
     ));
     assert!(s.remove_port(GuestId(1)));
     assert!(s.add_port(GuestId(2), &[mac(1)]).is_ok(), "MAC freed");
+}
+
+/// An engine frame for the guest of port `to`.
+fn engine_frame(to: u8, body: FrameBody<'static>) -> Vec<u8> {
+    Frame {
+        dst: mac(to),
+        src: MacAddr::ENGINE,
+        body,
+    }
+    .encode()
+    .unwrap()
+}
+
+fn wake(to: u8, channel: u32) -> Vec<u8> {
+    engine_frame(
+        to,
+        FrameBody::Wake {
+            channel: ChannelId(channel),
+        },
+    )
+}
+
+fn response(to: u8, request_id: u32) -> Vec<u8> {
+    engine_frame(
+        to,
+        FrameBody::ControlResponse(ControlResponse {
+            request_id,
+            channel: ChannelId(0),
+            status: ControlStatus::Pending,
+        }),
+    )
+}
+
+#[test]
+fn engine_frames_get_past_a_flooded_rx_queue_and_are_delivered_first() {
+    let fx = fixture(
+        2,
+        SwitchConfig {
+            rx_queue_frames: 8,
+            ..SwitchConfig::default()
+        },
+    );
+    let flood = |n: u8| {
+        for i in 0..n {
+            fx.send(0, &eth(MacAddr::BROADCAST, mac(1), 0x0800, &[i]));
+        }
+    };
+    flood(20);
+    assert_eq!(fx.ports[1].stats().drops.rx_queue_full, 12);
+    let (resp, wake) = (response(2, 7), wake(2, 9));
+    assert!(fx.switch.inject(GuestId(2), &resp));
+    flood(20);
+    assert!(fx.switch.inject(GuestId(2), &wake));
+    let s = fx.ports[1].stats();
+    assert_eq!((s.rx_queued, s.engine_queued, s.engine_frames), (8, 2, 2));
+    assert_eq!(s.drops.rx_queue_full, 32);
+    assert_eq!(s.drops.engine_queue_full, 0);
+
+    let got = fx.received(1);
+    assert_eq!(got.len(), 10);
+    assert_eq!(got[..2], [resp, wake], "engine frames first, in order");
+    assert!(got[2..].iter().all(|f| f[..6] == MacAddr::BROADCAST.0));
+}
+
+#[test]
+fn a_wake_for_a_channel_with_one_waiting_is_coalesced() {
+    let fx = fixture(2, SwitchConfig::default());
+    let inject = |f: &[u8]| assert!(fx.switch.inject(GuestId(2), f));
+    let resp = response(2, 1);
+    inject(&resp);
+    for f in [wake(2, 5), wake(2, 5), wake(2, 6), wake(2, 5), wake(2, 6)] {
+        inject(&f);
+    }
+    let s = fx.ports[1].stats();
+    assert_eq!((s.engine_frames, s.engine_wakes_coalesced), (3, 3));
+    assert_eq!(fx.received(1), [resp, wake(2, 5), wake(2, 6)]);
+
+    // Delivered: the next wake is queued again. A wake at the front may already be on its way
+    // into the guest's buffers, so one more behind it is queued, and only then coalesced.
+    for _ in 0..3 {
+        inject(&wake(2, 5));
+    }
+    assert_eq!(fx.ports[1].stats().engine_wakes_coalesced, 4);
+    assert_eq!(fx.received(1), [wake(2, 5), wake(2, 5)]);
+}
+
+#[test]
+fn a_full_engine_queue_refuses_and_counts_and_wakes_the_worker_once() {
+    let fx = fixture(
+        2,
+        SwitchConfig {
+            engine_queue_frames: 2,
+            ..SwitchConfig::default()
+        },
+    );
+    assert!(fx.switch.inject(GuestId(2), &response(2, 1)));
+    assert!(fx.switch.inject(GuestId(2), &response(2, 2)));
+    assert!(!fx.switch.inject(GuestId(2), &response(2, 3)));
+    let s = fx.ports[1].stats();
+    assert_eq!((s.engine_queued, s.drops.engine_queue_full), (2, 1));
+    assert_eq!(s.drops.total(), 1);
+    let mut buf = [0u8; 8];
+    // SAFETY: reading 8 bytes into an 8-byte stack buffer from an eventfd we own.
+    let n = unsafe { libc::read(fx.ports[1].wake_fd(), buf.as_mut_ptr().cast(), 8) };
+    assert_eq!((n, u64::from_ne_bytes(buf)), (8, 1));
+    assert_eq!(fx.received(1), [response(2, 1), response(2, 2)]);
 }
