@@ -1,20 +1,31 @@
-//! A vhost-user message relay between a frontend and the daemon serving it.
+//! A vhost-user message relay between a frontend and the daemon serving it, and the protocol
+//! gate every frontend message passes.
 //!
-//! Why: QEMU 7.2's virtio-net sends `SET_VRING_ENABLE` for its rings when the NIC is realized
+//! The gate (module `gate`) passes only what svnic offered and serves: requests of an allowlist,
+//! features that were offered, the right descriptors of the right kind, ring indices of the
+//! device; any other message ends the connection before the daemon sees it (its descriptors
+//! closed), with a [`Refusal`] naming what was wrong.
+//!
+//! QEMU 7.2's virtio-net sends `SET_VRING_ENABLE` for its rings when the NIC is realized
 //! (`peer_attach`), right after the protocol-feature handshake and before any `SET_FEATURES`.
 //! The vhost 0.18 crate accepts `SET_VRING_ENABLE` only once `VHOST_USER_F_PROTOCOL_FEATURES`
 //! has been acked by `SET_FEATURES`, and otherwise ends the connection; QEMU could then never
 //! start the device. And QEMU does not enable the rings again when it starts the device: those
-//! early messages are the only ones. So the relay holds them back (acknowledging them itself if
-//! asked), and right after forwarding the `SET_FEATURES` that acks `PROTOCOL_FEATURES` it sends
-//! the last enable state of each ring, which is the effect they would have had. Everything else
-//! passes through unchanged, file descriptors included.
+//! early messages are the only ones. So the relay holds them back (one slot per ring,
+//! acknowledging them itself if asked), and right after forwarding the `SET_FEATURES` that acks
+//! `PROTOCOL_FEATURES` it sends the last enable state of each ring, which is the effect they
+//! would have had. Everything else the gate accepts passes through unchanged, descriptors
+//! included.
 //!
 //! The relay frames messages (a 12-byte header, then `size` bytes) and refuses a header that
-//! announces more than the vhost-user maximum of 4096 bytes; all other validation is the
-//! daemon's. It ends when either side closes, and then closes the other.
+//! announces more than the vhost-user maximum of 4096 bytes. Every write, to either side, has a
+//! timeout ([`WRITE_TIMEOUT`]): a peer that does not read ends the connection instead of
+//! blocking the relay. When either direction ends, both sockets are shut down, so the other
+//! direction ends too and nothing stays blocked.
 
-use std::collections::BTreeMap;
+mod gate;
+
+use std::fmt;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
@@ -22,23 +33,43 @@ use std::os::unix::io::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
-use log::debug;
+use svnic_control::log_limited;
 use thiserror::Error;
-use vhost::vhost_user::message::{VhostUserVirtioFeatures, MAX_ATTACHED_FD_ENTRIES, MAX_MSG_SIZE};
+use vhost::vhost_user::message::{MAX_ATTACHED_FD_ENTRIES, MAX_MSG_SIZE};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
+pub use self::gate::{Refusal, RequestCode, MAX_REGIONS};
+use self::gate::{RequestGate, Verdict, FLAG_REPLY, FLAG_VERSION_1};
 use super::port::PortId;
 
 const HEADER_LEN: usize = 12;
 
 /// A message header: request, flags, body size (little-endian u32 each).
 type Header = [u8; HEADER_LEN];
-const SET_FEATURES: u32 = 2;
 const SET_VRING_ENABLE: u32 = 18;
-const FLAG_VERSION_1: u32 = 0x1;
-const FLAG_REPLY: u32 = 0x4;
-const FLAG_NEED_REPLY: u32 = 0x8;
+
+/// How long a write to the frontend or the daemon may block before the connection ends.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One side of the relay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peer {
+    /// The vhost-user frontend (QEMU, DPDK, a host-process guest).
+    Frontend,
+    /// The daemon serving the port's device.
+    Daemon,
+}
+
+impl fmt::Display for Peer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Peer::Frontend => "frontend",
+            Peer::Daemon => "daemon",
+        })
+    }
+}
 
 /// Why a relayed connection ended abnormally.
 #[derive(Debug, Error)]
@@ -61,6 +92,17 @@ pub enum RelayError {
         /// Bytes announced.
         size: usize,
     },
+    /// The frontend sent a message the gate refuses.
+    #[error("protocol violation: {0}")]
+    Refused(#[from] Refusal),
+    /// A peer did not take a message within the write timeout.
+    #[error("the {peer} did not take a message within {timeout:?}; it does not read")]
+    WriteTimeout {
+        /// The side that stopped reading.
+        peer: Peer,
+        /// The timeout.
+        timeout: Duration,
+    },
     /// A socket failed.
     #[error("relay I/O: {0}")]
     Io(#[from] io::Error),
@@ -70,16 +112,36 @@ pub enum RelayError {
 pub(crate) struct Relay {
     requests: JoinHandle<Result<(), RelayError>>,
     replies: JoinHandle<Result<(), RelayError>>,
+    frontend: UnixStream,
+    daemon: UnixStream,
+}
+
+/// Shuts both sockets down: every thread blocked on either wakes up and ends.
+fn shut_down(a: &UnixStream, b: &UnixStream) {
+    let _ = a.shutdown(Shutdown::Both);
+    let _ = b.shutdown(Shutdown::Both);
 }
 
 impl Relay {
     /// Relays between `frontend` (the accepted frontend connection) and `daemon` (a connection
-    /// the daemon accepted).
+    /// the daemon accepted), with [`WRITE_TIMEOUT`].
     pub(crate) fn spawn(
         port: PortId,
         frontend: UnixStream,
         daemon: UnixStream,
     ) -> io::Result<Self> {
+        Self::spawn_with_timeout(port, frontend, daemon, WRITE_TIMEOUT)
+    }
+
+    fn spawn_with_timeout(
+        port: PortId,
+        frontend: UnixStream,
+        daemon: UnixStream,
+        write_timeout: Duration,
+    ) -> io::Result<Self> {
+        // Socket options: they hold for every clone.
+        frontend.set_write_timeout(Some(write_timeout))?;
+        daemon.set_write_timeout(Some(write_timeout))?;
         let frontend_writer = Arc::new(Mutex::new(frontend.try_clone()?));
         let (f2, d2, w2) = (
             frontend.try_clone()?,
@@ -90,26 +152,43 @@ impl Relay {
         let requests = std::thread::Builder::new()
             .name(format!("svnic-relay-{}", port.0))
             .spawn(move || {
-                let r = relay_requests(port, &frontend, &daemon, &frontend_writer);
-                let _ = daemon.shutdown(Shutdown::Both);
+                let r = relay_requests(port, &frontend, &daemon, &frontend_writer, write_timeout);
+                shut_down(&frontend, &daemon);
                 r
-            })?;
+            });
+        let requests = match requests {
+            Ok(requests) => requests,
+            Err(e) => {
+                shut_down(&f3, &d3);
+                return Err(e);
+            }
+        };
         let replies = std::thread::Builder::new()
             .name(format!("svnic-replies-{}", port.0))
             .spawn(move || {
-                let r = relay_replies(&d2, &w2);
-                let _ = f2.shutdown(Shutdown::Both);
+                let r = relay_replies(&d2, &w2, write_timeout);
+                shut_down(&f2, &d2);
                 r
             });
         match replies {
-            Ok(replies) => Ok(Relay { requests, replies }),
+            Ok(replies) => Ok(Relay {
+                requests,
+                replies,
+                frontend: f3,
+                daemon: d3,
+            }),
             Err(e) => {
                 // The request thread ends when its sockets are shut down.
-                let _ = f3.shutdown(Shutdown::Both);
-                let _ = d3.shutdown(Shutdown::Both);
+                shut_down(&f3, &d3);
                 Err(e)
             }
         }
+    }
+
+    /// Ends the connection now: both sockets are shut down, so both threads end at once, even
+    /// one blocked writing to a peer that does not read.
+    pub(crate) fn shutdown(&self) {
+        shut_down(&self.frontend, &self.daemon);
     }
 
     /// Waits for both directions to end; the first error, if any.
@@ -134,7 +213,32 @@ fn read_full(mut sock: &UnixStream, buf: &mut [u8]) -> io::Result<usize> {
     Ok(got)
 }
 
+/// A failed write: a timeout names the peer that does not read.
+fn write_error(e: io::Error, peer: Peer, timeout: Duration) -> RelayError {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+            RelayError::WriteTimeout { peer, timeout }
+        }
+        _ => RelayError::Io(e),
+    }
+}
+
+/// Writes `parts` to the frontend as one message, or reports a timeout.
+fn write_frontend(
+    frontend: &Mutex<UnixStream>,
+    parts: &[&[u8]],
+    timeout: Duration,
+) -> Result<(), RelayError> {
+    let mut out = frontend.lock().unwrap_or_else(|e| e.into_inner());
+    for part in parts {
+        out.write_all(part)
+            .map_err(|e| write_error(e, Peer::Frontend, timeout))?;
+    }
+    Ok(())
+}
+
 /// The next header and the descriptors that came with it; `None` at a clean end of stream.
+/// Descriptors beyond [`MAX_ATTACHED_FD_ENTRIES`] are closed by the kernel.
 fn recv_header(sock: &UnixStream) -> Result<Option<(Header, Vec<File>)>, RelayError> {
     let mut header = [0u8; HEADER_LEN];
     let mut raw_fds: [RawFd; MAX_ATTACHED_FD_ENTRIES] = [-1; MAX_ATTACHED_FD_ENTRIES];
@@ -170,14 +274,11 @@ fn recv_header(sock: &UnixStream) -> Result<Option<(Header, Vec<File>)>, RelayEr
     Ok(Some((header, files)))
 }
 
+/// The u32 at `at` in a header (0 past its end).
 fn field(header: &Header, at: usize) -> u32 {
-    field_of(header, at)
-}
-
-fn field_of(bytes: &[u8], at: usize) -> u32 {
-    match bytes.get(at..at + 4) {
-        Some(b) => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-        None => 0,
+    match header.get(at..at + 4) {
+        Some(&[a, b, c, d]) => u32::from_le_bytes([a, b, c, d]),
+        _ => 0,
     }
 }
 
@@ -199,72 +300,59 @@ fn recv_body(sock: &UnixStream, header: &Header) -> Result<Vec<u8>, RelayError> 
     Ok(body)
 }
 
-/// Frontend -> daemon.
+/// Frontend -> daemon, through the gate. A refused message ends the connection; its
+/// descriptors are dropped (closed) with it.
 fn relay_requests(
     port: PortId,
     frontend: &UnixStream,
     daemon: &UnixStream,
     frontend_writer: &Mutex<UnixStream>,
+    timeout: Duration,
 ) -> Result<(), RelayError> {
-    // Mirrors the vhost crate: set by every SET_FEATURES, never reset.
-    let mut protocol_features_acked = false;
-    // Enable states held back until then: ring index -> last value (the 8-byte body).
-    let mut held_enables: BTreeMap<u32, [u8; 8]> = BTreeMap::new();
+    let mut gate = RequestGate::for_device();
     while let Some((header, files)) = recv_header(frontend)? {
         let body = recv_body(frontend, &header)?;
         let (request, flags) = (field(&header, 0), field(&header, 4));
-        if request == SET_FEATURES {
-            if let Some(bytes) = body.get(..8) {
-                let mut value = [0u8; 8];
-                value.copy_from_slice(bytes);
-                protocol_features_acked = u64::from_le_bytes(value)
-                    & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
-                    != 0;
+        match gate.check(request, flags, &body, &files)? {
+            Verdict::Forward => send_message(daemon, &header, &body, &files, timeout)?,
+            Verdict::Hold { ack } => {
+                log_limited!(
+                    log::Level::Debug,
+                    "{port}: SET_VRING_ENABLE before SET_FEATURES held back"
+                );
+                if ack {
+                    let mut reply = [0u8; HEADER_LEN];
+                    reply[..4].copy_from_slice(&request.to_le_bytes());
+                    reply[4..8].copy_from_slice(&(FLAG_VERSION_1 | FLAG_REPLY).to_le_bytes());
+                    reply[8..].copy_from_slice(&8u32.to_le_bytes());
+                    write_frontend(frontend_writer, &[&reply, &0u64.to_le_bytes()], timeout)?;
+                }
             }
-        }
-        if request == SET_VRING_ENABLE && !protocol_features_acked {
-            debug!("{port}: SET_VRING_ENABLE before SET_FEATURES held back");
-            if let Some(state) = body.get(..8) {
-                let mut value = [0u8; 8];
-                value.copy_from_slice(state);
-                held_enables.insert(field_of(&value, 0), value);
-            }
-            if flags & FLAG_NEED_REPLY != 0 {
-                let mut reply = Vec::with_capacity(HEADER_LEN + 8);
-                reply.extend_from_slice(&request.to_le_bytes());
-                reply.extend_from_slice(&(FLAG_VERSION_1 | FLAG_REPLY).to_le_bytes());
-                reply.extend_from_slice(&8u32.to_le_bytes());
-                reply.extend_from_slice(&0u64.to_le_bytes());
-                frontend_writer
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .write_all(&reply)?;
-            }
-            continue;
-        }
-        send_message(daemon, &header, &body, &files)?;
-        if request == SET_FEATURES && protocol_features_acked {
-            for (_, state) in std::mem::take(&mut held_enables) {
-                // No NEED_REPLY: the daemon answers nothing, so no stray reply reaches the
-                // frontend.
-                let mut replay = [0u8; HEADER_LEN];
-                replay[..4].copy_from_slice(&SET_VRING_ENABLE.to_le_bytes());
-                replay[4..8].copy_from_slice(&FLAG_VERSION_1.to_le_bytes());
-                replay[8..].copy_from_slice(&8u32.to_le_bytes());
-                send_message(daemon, &replay, &state, &[])?;
+            Verdict::ForwardThenReplay(states) => {
+                send_message(daemon, &header, &body, &files, timeout)?;
+                for state in states {
+                    // No NEED_REPLY: the daemon answers nothing, so no stray reply reaches the
+                    // frontend.
+                    let mut replay = [0u8; HEADER_LEN];
+                    replay[..4].copy_from_slice(&SET_VRING_ENABLE.to_le_bytes());
+                    replay[4..8].copy_from_slice(&FLAG_VERSION_1.to_le_bytes());
+                    replay[8..].copy_from_slice(&8u32.to_le_bytes());
+                    send_message(daemon, &replay, &state, &[], timeout)?;
+                }
             }
         }
     }
     Ok(())
 }
 
-/// Sends one message with its descriptors (attached to the first bytes, as the receiver
-/// expects).
+/// Sends one message to the daemon with its descriptors (attached to the first bytes, as the
+/// receiver expects).
 fn send_message(
     sock: &UnixStream,
     header: &Header,
     body: &[u8],
     files: &[File],
+    timeout: Duration,
 ) -> Result<(), RelayError> {
     let fds: Vec<RawFd> = files.iter().map(|f| f.as_raw_fd()).collect();
     let total = HEADER_LEN + body.len();
@@ -272,21 +360,27 @@ fn send_message(
         match sock.send_with_fds(&[&header[..], body], &fds) {
             Ok(n) => break n,
             Err(e) if e.errno() == libc::EINTR => continue,
-            Err(e) => return Err(io::Error::from(e).into()),
+            Err(e) => return Err(write_error(e.into(), Peer::Daemon, timeout)),
         }
     };
     if sent < total {
         let mut rest = Vec::with_capacity(total - sent);
         rest.extend_from_slice(header);
         rest.extend_from_slice(body);
-        (&*sock).write_all(&rest[sent..])?;
+        (&*sock)
+            .write_all(rest.get(sent..).unwrap_or_default())
+            .map_err(|e| write_error(e, Peer::Daemon, timeout))?;
     }
     Ok(())
 }
 
 /// Daemon -> frontend: replies, framed so that they never interleave with a reply the relay
 /// writes itself. The daemon attaches no descriptors to replies for the features it offers.
-fn relay_replies(daemon: &UnixStream, frontend: &Mutex<UnixStream>) -> Result<(), RelayError> {
+fn relay_replies(
+    daemon: &UnixStream,
+    frontend: &Mutex<UnixStream>,
+    timeout: Duration,
+) -> Result<(), RelayError> {
     loop {
         let mut header = [0u8; HEADER_LEN];
         match read_full(daemon, &mut header)? {
@@ -301,17 +395,20 @@ fn relay_replies(daemon: &UnixStream, frontend: &Mutex<UnixStream>) -> Result<()
             }
         }
         let body = recv_body(daemon, &header)?;
-        let mut out = frontend.lock().unwrap_or_else(|e| e.into_inner());
-        out.write_all(&header)?;
-        out.write_all(&body)?;
+        write_frontend(frontend, &[&header, &body], timeout)?;
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::time::Instant;
 
+    use vmm_sys_util::eventfd::EventFd;
+
+    use super::gate::FLAG_NEED_REPLY;
     use super::*;
+
+    const SET_FEATURES: u32 = 2;
 
     fn message(request: u32, flags: u32, body: &[u8]) -> Vec<u8> {
         let mut m = Vec::new();
@@ -329,12 +426,22 @@ mod tests {
     }
 
     fn relayed() -> Pair {
+        relayed_with_timeout(WRITE_TIMEOUT)
+    }
+
+    fn relayed_with_timeout(write_timeout: Duration) -> Pair {
         let (frontend, frontend_end) = UnixStream::pair().unwrap();
         let (daemon_end, daemon) = UnixStream::pair().unwrap();
         for s in [&frontend, &daemon] {
             s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         }
-        let relay = Relay::spawn(svnic_control::GuestId(1), frontend_end, daemon_end).unwrap();
+        let relay = Relay::spawn_with_timeout(
+            svnic_control::GuestId(1),
+            frontend_end,
+            daemon_end,
+            write_timeout,
+        )
+        .unwrap();
         Pair {
             frontend,
             daemon,
@@ -398,7 +505,7 @@ mod tests {
     #[test]
     fn descriptors_travel_with_their_message() {
         let p = relayed();
-        let (a, _b) = UnixStream::pair().unwrap();
+        let a = EventFd::new(0).unwrap();
         let call = message(13, 1, &0u64.to_le_bytes());
         p.frontend
             .send_with_fds(
@@ -450,5 +557,131 @@ mod tests {
                 size: 8
             })
         ));
+    }
+
+    /// Joins the relay, failing the test if it has not ended within a generous deadline.
+    fn join_within(relay: Relay, deadline: Duration) -> Result<(), RelayError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(relay.join()));
+        rx.recv_timeout(deadline)
+            .expect("the relay did not end in time")
+    }
+
+    /// A daemon that writes replies as fast as the relay takes them, until its writes fail or
+    /// stall for `stall`; returns how many it wrote.
+    fn flood_replies(daemon: UnixStream, stall: Duration) -> std::thread::JoinHandle<usize> {
+        daemon.set_write_timeout(Some(stall)).unwrap();
+        std::thread::spawn(move || {
+            let reply = message(1, 1 | FLAG_REPLY, &[0; 8]);
+            let mut sent = 0;
+            while (&daemon).write_all(&reply).is_ok() {
+                sent += 1;
+            }
+            sent
+        })
+    }
+
+    #[test]
+    fn a_frontend_that_never_reads_replies_ends_the_relay_within_the_write_timeout() {
+        let p = relayed_with_timeout(Duration::from_millis(200));
+        let daemon = p.daemon.try_clone().unwrap();
+        let flood = flood_replies(daemon, Duration::from_secs(30));
+        let started = Instant::now();
+        let ended = join_within(p.relay, Duration::from_secs(60));
+        assert!(
+            matches!(
+                ended,
+                Err(RelayError::WriteTimeout {
+                    peer: Peer::Frontend,
+                    ..
+                })
+            ),
+            "{ended:?}"
+        );
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        // The daemon side was shut down: its writes fail rather than stall, and it reads the
+        // end of the stream (or a reset: the relay closed with replies unread).
+        assert!(flood.join().unwrap() > 0);
+        let mut rest = Vec::new();
+        match (&p.daemon).read_to_end(&mut rest) {
+            Ok(_) => assert!(rest.is_empty()),
+            Err(e) => assert_eq!(e.kind(), io::ErrorKind::ConnectionReset, "{e}"),
+        }
+    }
+
+    #[test]
+    fn shutdown_ends_a_relay_blocked_writing_to_the_frontend() {
+        let p = relayed_with_timeout(Duration::from_secs(3600));
+        let daemon = p.daemon.try_clone().unwrap();
+        // The flood stalls once the relay is blocked writing to the frontend.
+        let flood = flood_replies(daemon, Duration::from_millis(300));
+        flood.join().unwrap();
+        p.relay.shutdown();
+        assert!(join_within(p.relay, Duration::from_secs(60)).is_err());
+        assert!(read_rest(&p.frontend).len() > HEADER_LEN);
+    }
+
+    #[test]
+    fn a_refused_request_shuts_both_sides_down() {
+        let p = relayed();
+        (&p.frontend).write_all(&message(37, 1, &[0; 40])).unwrap(); // ADD_MEM_REG
+        let ended = join_within(p.relay, Duration::from_secs(60));
+        assert!(
+            matches!(
+                ended,
+                Err(RelayError::Refused(Refusal::NotServed {
+                    request: RequestCode(37)
+                }))
+            ),
+            "{ended:?}"
+        );
+        assert!(read_rest(&p.daemon).is_empty(), "the daemon saw nothing");
+        assert!(read_rest(&p.frontend).is_empty());
+    }
+
+    #[test]
+    fn the_daemon_ending_shuts_the_frontend_down() {
+        let p = relayed();
+        p.daemon.shutdown(Shutdown::Both).unwrap();
+        assert!(read_rest(&p.frontend).is_empty());
+        assert!(join_within(p.relay, Duration::from_secs(60)).is_ok());
+    }
+
+    #[test]
+    fn a_refused_call_fd_is_closed() {
+        let p = relayed();
+        let mut fds = [-1; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe2() writes.
+        let created = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK) };
+        assert_eq!(created, 0);
+        // SAFETY: pipe2() just created fds[0], owned by nobody else.
+        let mut read_end = unsafe { File::from_raw_fd(fds[0]) };
+        // SAFETY: pipe2() just created fds[1], owned by nobody else.
+        let write_end = unsafe { File::from_raw_fd(fds[1]) };
+        let call = message(13, 1, &0u64.to_le_bytes());
+        p.frontend
+            .send_with_fds(
+                &[&call[..HEADER_LEN], &call[HEADER_LEN..]],
+                &[write_end.as_raw_fd()],
+            )
+            .unwrap();
+        drop(write_end);
+        let ended = join_within(p.relay, Duration::from_secs(60));
+        assert!(
+            matches!(ended, Err(RelayError::Refused(Refusal::NotEventFd { .. }))),
+            "{ended:?}"
+        );
+        // Every copy of the write end is closed: the read end sees the end of the pipe.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match read_end.read(&mut [0u8; 8]) {
+                Ok(0) => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    assert!(Instant::now() < deadline, "the relay kept the descriptor");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
     }
 }
