@@ -21,7 +21,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use log::{info, warn};
+use log::{info, warn, Level};
+use svnic_control::log_limited;
 use thiserror::Error;
 use vhost::vhost_user::{Error as VhostUserError, Listener};
 use vhost_user_backend::{Error as DaemonError, ShutdownHandle, VhostUserDaemon};
@@ -367,7 +368,7 @@ fn run_connection(
             return;
         }
     };
-    info!("{id}: frontend connected");
+    log_limited!(Level::Info, "{id}: frontend connected");
     let ticket = daemon.shutdown_handle().map(|conn| {
         device.attach_connection(conn.clone());
         stop.track(conn)
@@ -376,12 +377,18 @@ fn run_connection(
     if let Some(ticket) = ticket {
         stop.untrack(ticket);
     }
+    // The relay ends by itself once the daemon has (its write timeout bounds that); on stop,
+    // end it at once, even if a frontend that does not read keeps it writing.
+    if stop.is_stopped() {
+        relay.shutdown();
+    }
+    // Frontends control how often connections end: these lines are rate-limited.
     match (relay.join(), served) {
-        (Err(e), _) => warn!("{id}: frontend connection ended: {e}"),
+        (Err(e), _) => log_limited!(Level::Warn, "{id}: frontend connection ended: {e}"),
         (Ok(()), Ok(()) | Err(DaemonError::HandleRequest(VhostUserError::Disconnected))) => {
-            info!("{id}: frontend disconnected")
+            log_limited!(Level::Info, "{id}: frontend disconnected")
         }
-        (Ok(()), Err(e)) => warn!("{id}: frontend connection ended: {e}"),
+        (Ok(()), Err(e)) => log_limited!(Level::Warn, "{id}: frontend connection ended: {e}"),
     }
 }
 

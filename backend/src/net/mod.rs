@@ -8,8 +8,9 @@
 //!   RX chains (MRG_RXBUF), with every guest value checked.
 //! - [`device`]: [`NetDevice`], the vhost-user backend of one guest for one connection.
 //! - [`listener`]: the per-port socket; [`serve_port`] and [`StopSignal`].
-//! - [`relay`]: passes vhost-user messages between a frontend and its daemon, absorbing the
-//!   `SET_VRING_ENABLE` QEMU 7.2 sends before feature negotiation.
+//! - [`relay`]: passes vhost-user messages between a frontend and its daemon through a protocol
+//!   gate (only what svnic offered and serves, descriptors checked, write timeouts), absorbing
+//!   the `SET_VRING_ENABLE` QEMU 7.2 sends before feature negotiation.
 //! - [`memory_table`]: checks a frontend's memory table before anything touches it.
 //! - [`frame_pool`]: pooled frame buffers, copied into once per frame.
 //!
@@ -31,5 +32,5 @@ pub use frame_pool::{FramePool, PooledFrame};
 pub use listener::{serve_port, ListenerError, PortListener, StopSignal};
 pub use memory_table::MemoryTableError;
 pub use port::{PortDrops, PortEvents, PortId, PortStats, SwitchPort};
-pub use relay::RelayError;
+pub use relay::{Peer, Refusal, RelayError, RequestCode};
 pub use switch::{Switch, SwitchConfig, SwitchError, Uplink};

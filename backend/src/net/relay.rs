@@ -1,20 +1,31 @@
-//! A vhost-user message relay between a frontend and the daemon serving it.
+//! A vhost-user message relay between a frontend and the daemon serving it, and the protocol
+//! gate every frontend message passes.
 //!
-//! Why: QEMU 7.2's virtio-net sends `SET_VRING_ENABLE` for its rings when the NIC is realized
+//! The gate (module `gate`) passes only what svnic offered and serves: requests of an allowlist,
+//! features that were offered, the right descriptors of the right kind, ring indices of the
+//! device; any other message ends the connection before the daemon sees it (its descriptors
+//! closed), with a [`Refusal`] naming what was wrong.
+//!
+//! QEMU 7.2's virtio-net sends `SET_VRING_ENABLE` for its rings when the NIC is realized
 //! (`peer_attach`), right after the protocol-feature handshake and before any `SET_FEATURES`.
 //! The vhost 0.18 crate accepts `SET_VRING_ENABLE` only once `VHOST_USER_F_PROTOCOL_FEATURES`
 //! has been acked by `SET_FEATURES`, and otherwise ends the connection; QEMU could then never
 //! start the device. And QEMU does not enable the rings again when it starts the device: those
-//! early messages are the only ones. So the relay holds them back (acknowledging them itself if
-//! asked), and right after forwarding the `SET_FEATURES` that acks `PROTOCOL_FEATURES` it sends
-//! the last enable state of each ring, which is the effect they would have had. Everything else
-//! passes through unchanged, file descriptors included.
+//! early messages are the only ones. So the relay holds them back (one slot per ring,
+//! acknowledging them itself if asked), and right after forwarding the `SET_FEATURES` that acks
+//! `PROTOCOL_FEATURES` it sends the last enable state of each ring, which is the effect they
+//! would have had. Everything else the gate accepts passes through unchanged, descriptors
+//! included.
 //!
 //! The relay frames messages (a 12-byte header, then `size` bytes) and refuses a header that
-//! announces more than the vhost-user maximum of 4096 bytes; all other validation is the
-//! daemon's. It ends when either side closes, and then closes the other.
+//! announces more than the vhost-user maximum of 4096 bytes. Every write, to either side, has a
+//! timeout ([`WRITE_TIMEOUT`]): a peer that does not read ends the connection instead of
+//! blocking the relay. When either direction ends, both sockets are shut down, so the other
+//! direction ends too and nothing stays blocked.
 
-use std::collections::BTreeMap;
+mod gate;
+
+use std::fmt;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
@@ -22,23 +33,43 @@ use std::os::unix::io::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
-use log::debug;
+use svnic_control::log_limited;
 use thiserror::Error;
-use vhost::vhost_user::message::{VhostUserVirtioFeatures, MAX_ATTACHED_FD_ENTRIES, MAX_MSG_SIZE};
+use vhost::vhost_user::message::{MAX_ATTACHED_FD_ENTRIES, MAX_MSG_SIZE};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
+pub use self::gate::{Refusal, RequestCode, MAX_REGIONS};
+use self::gate::{RequestGate, Verdict, FLAG_REPLY, FLAG_VERSION_1};
 use super::port::PortId;
 
 const HEADER_LEN: usize = 12;
 
 /// A message header: request, flags, body size (little-endian u32 each).
 type Header = [u8; HEADER_LEN];
-const SET_FEATURES: u32 = 2;
 const SET_VRING_ENABLE: u32 = 18;
-const FLAG_VERSION_1: u32 = 0x1;
-const FLAG_REPLY: u32 = 0x4;
-const FLAG_NEED_REPLY: u32 = 0x8;
+
+/// How long a write to the frontend or the daemon may block before the connection ends.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One side of the relay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peer {
+    /// The vhost-user frontend (QEMU, DPDK, a host-process guest).
+    Frontend,
+    /// The daemon serving the port's device.
+    Daemon,
+}
+
+impl fmt::Display for Peer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Peer::Frontend => "frontend",
+            Peer::Daemon => "daemon",
+        })
+    }
+}
 
 /// Why a relayed connection ended abnormally.
 #[derive(Debug, Error)]
@@ -61,6 +92,17 @@ pub enum RelayError {
         /// Bytes announced.
         size: usize,
     },
+    /// The frontend sent a message the gate refuses.
+    #[error("protocol violation: {0}")]
+    Refused(#[from] Refusal),
+    /// A peer did not take a message within the write timeout.
+    #[error("the {peer} did not take a message within {timeout:?}; it does not read")]
+    WriteTimeout {
+        /// The side that stopped reading.
+        peer: Peer,
+        /// The timeout.
+        timeout: Duration,
+    },
     /// A socket failed.
     #[error("relay I/O: {0}")]
     Io(#[from] io::Error),
@@ -70,16 +112,36 @@ pub enum RelayError {
 pub(crate) struct Relay {
     requests: JoinHandle<Result<(), RelayError>>,
     replies: JoinHandle<Result<(), RelayError>>,
+    frontend: UnixStream,
+    daemon: UnixStream,
+}
+
+/// Shuts both sockets down: every thread blocked on either wakes up and ends.
+fn shut_down(a: &UnixStream, b: &UnixStream) {
+    let _ = a.shutdown(Shutdown::Both);
+    let _ = b.shutdown(Shutdown::Both);
 }
 
 impl Relay {
     /// Relays between `frontend` (the accepted frontend connection) and `daemon` (a connection
-    /// the daemon accepted).
+    /// the daemon accepted), with [`WRITE_TIMEOUT`].
     pub(crate) fn spawn(
         port: PortId,
         frontend: UnixStream,
         daemon: UnixStream,
     ) -> io::Result<Self> {
+        Self::spawn_with_timeout(port, frontend, daemon, WRITE_TIMEOUT)
+    }
+
+    fn spawn_with_timeout(
+        port: PortId,
+        frontend: UnixStream,
+        daemon: UnixStream,
+        write_timeout: Duration,
+    ) -> io::Result<Self> {
+        // Socket options: they hold for every clone.
+        frontend.set_write_timeout(Some(write_timeout))?;
+        daemon.set_write_timeout(Some(write_timeout))?;
         let frontend_writer = Arc::new(Mutex::new(frontend.try_clone()?));
         let (f2, d2, w2) = (
             frontend.try_clone()?,
@@ -90,26 +152,43 @@ impl Relay {
         let requests = std::thread::Builder::new()
             .name(format!("svnic-relay-{}", port.0))
             .spawn(move || {
-                let r = relay_requests(port, &frontend, &daemon, &frontend_writer);
-                let _ = daemon.shutdown(Shutdown::Both);
+                let r = relay_requests(port, &frontend, &daemon, &frontend_writer, write_timeout);
+                shut_down(&frontend, &daemon);
                 r
-            })?;
+            });
+        let requests = match requests {
+            Ok(requests) => requests,
+            Err(e) => {
+                shut_down(&f3, &d3);
+                return Err(e);
+            }
+        };
         let replies = std::thread::Builder::new()
             .name(format!("svnic-replies-{}", port.0))
             .spawn(move || {
-                let r = relay_replies(&d2, &w2);
-                let _ = f2.shutdown(Shutdown::Both);
+                let r = relay_replies(&d2, &w2, write_timeout);
+                shut_down(&f2, &d2);
                 r
             });
         match replies {
-            Ok(replies) => Ok(Relay { requests, replies }),
+            Ok(replies) => Ok(Relay {
+                requests,
+                replies,
+                frontend: f3,
+                daemon: d3,
+            }),
             Err(e) => {
                 // The request thread ends when its sockets are shut down.
-                let _ = f3.shutdown(Shutdown::Both);
-                let _ = d3.shutdown(Shutdown::Both);
+                shut_down(&f3, &d3);
                 Err(e)
             }
         }
+    }
+
+    /// Ends the connection now: both sockets are shut down, so both threads end at once, even
+    /// one blocked writing to a peer that does not read.
+    pub(crate) fn shutdown(&self) {
+        shut_down(&self.frontend, &self.daemon);
     }
 
     /// Waits for both directions to end; the first error, if any.
@@ -134,7 +213,32 @@ fn read_full(mut sock: &UnixStream, buf: &mut [u8]) -> io::Result<usize> {
     Ok(got)
 }
 
+/// A failed write: a timeout names the peer that does not read.
+fn write_error(e: io::Error, peer: Peer, timeout: Duration) -> RelayError {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+            RelayError::WriteTimeout { peer, timeout }
+        }
+        _ => RelayError::Io(e),
+    }
+}
+
+/// Writes `parts` to the frontend as one message, or reports a timeout.
+fn write_frontend(
+    frontend: &Mutex<UnixStream>,
+    parts: &[&[u8]],
+    timeout: Duration,
+) -> Result<(), RelayError> {
+    let mut out = frontend.lock().unwrap_or_else(|e| e.into_inner());
+    for part in parts {
+        out.write_all(part)
+            .map_err(|e| write_error(e, Peer::Frontend, timeout))?;
+    }
+    Ok(())
+}
+
 /// The next header and the descriptors that came with it; `None` at a clean end of stream.
+/// Descriptors beyond [`MAX_ATTACHED_FD_ENTRIES`] are closed by the kernel.
 fn recv_header(sock: &UnixStream) -> Result<Option<(Header, Vec<File>)>, RelayError> {
     let mut header = [0u8; HEADER_LEN];
     let mut raw_fds: [RawFd; MAX_ATTACHED_FD_ENTRIES] = [-1; MAX_ATTACHED_FD_ENTRIES];
@@ -170,14 +274,11 @@ fn recv_header(sock: &UnixStream) -> Result<Option<(Header, Vec<File>)>, RelayEr
     Ok(Some((header, files)))
 }
 
+/// The u32 at `at` in a header (0 past its end).
 fn field(header: &Header, at: usize) -> u32 {
-    field_of(header, at)
-}
-
-fn field_of(bytes: &[u8], at: usize) -> u32 {
-    match bytes.get(at..at + 4) {
-        Some(b) => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-        None => 0,
+    match header.get(at..at + 4) {
+        Some(&[a, b, c, d]) => u32::from_le_bytes([a, b, c, d]),
+        _ => 0,
     }
 }
 
@@ -199,72 +300,59 @@ fn recv_body(sock: &UnixStream, header: &Header) -> Result<Vec<u8>, RelayError> 
     Ok(body)
 }
 
-/// Frontend -> daemon.
+/// Frontend -> daemon, through the gate. A refused message ends the connection; its
+/// descriptors are dropped (closed) with it.
 fn relay_requests(
     port: PortId,
     frontend: &UnixStream,
     daemon: &UnixStream,
     frontend_writer: &Mutex<UnixStream>,
+    timeout: Duration,
 ) -> Result<(), RelayError> {
-    // Mirrors the vhost crate: set by every SET_FEATURES, never reset.
-    let mut protocol_features_acked = false;
-    // Enable states held back until then: ring index -> last value (the 8-byte body).
-    let mut held_enables: BTreeMap<u32, [u8; 8]> = BTreeMap::new();
+    let mut gate = RequestGate::for_device();
     while let Some((header, files)) = recv_header(frontend)? {
         let body = recv_body(frontend, &header)?;
         let (request, flags) = (field(&header, 0), field(&header, 4));
-        if request == SET_FEATURES {
-            if let Some(bytes) = body.get(..8) {
-                let mut value = [0u8; 8];
-                value.copy_from_slice(bytes);
-                protocol_features_acked = u64::from_le_bytes(value)
-                    & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
-                    != 0;
+        match gate.check(request, flags, &body, &files)? {
+            Verdict::Forward => send_message(daemon, &header, &body, &files, timeout)?,
+            Verdict::Hold { ack } => {
+                log_limited!(
+                    log::Level::Debug,
+                    "{port}: SET_VRING_ENABLE before SET_FEATURES held back"
+                );
+                if ack {
+                    let mut reply = [0u8; HEADER_LEN];
+                    reply[..4].copy_from_slice(&request.to_le_bytes());
+                    reply[4..8].copy_from_slice(&(FLAG_VERSION_1 | FLAG_REPLY).to_le_bytes());
+                    reply[8..].copy_from_slice(&8u32.to_le_bytes());
+                    write_frontend(frontend_writer, &[&reply, &0u64.to_le_bytes()], timeout)?;
+                }
             }
-        }
-        if request == SET_VRING_ENABLE && !protocol_features_acked {
-            debug!("{port}: SET_VRING_ENABLE before SET_FEATURES held back");
-            if let Some(state) = body.get(..8) {
-                let mut value = [0u8; 8];
-                value.copy_from_slice(state);
-                held_enables.insert(field_of(&value, 0), value);
-            }
-            if flags & FLAG_NEED_REPLY != 0 {
-                let mut reply = Vec::with_capacity(HEADER_LEN + 8);
-                reply.extend_from_slice(&request.to_le_bytes());
-                reply.extend_from_slice(&(FLAG_VERSION_1 | FLAG_REPLY).to_le_bytes());
-                reply.extend_from_slice(&8u32.to_le_bytes());
-                reply.extend_from_slice(&0u64.to_le_bytes());
-                frontend_writer
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .write_all(&reply)?;
-            }
-            continue;
-        }
-        send_message(daemon, &header, &body, &files)?;
-        if request == SET_FEATURES && protocol_features_acked {
-            for (_, state) in std::mem::take(&mut held_enables) {
-                // No NEED_REPLY: the daemon answers nothing, so no stray reply reaches the
-                // frontend.
-                let mut replay = [0u8; HEADER_LEN];
-                replay[..4].copy_from_slice(&SET_VRING_ENABLE.to_le_bytes());
-                replay[4..8].copy_from_slice(&FLAG_VERSION_1.to_le_bytes());
-                replay[8..].copy_from_slice(&8u32.to_le_bytes());
-                send_message(daemon, &replay, &state, &[])?;
+            Verdict::ForwardThenReplay(states) => {
+                send_message(daemon, &header, &body, &files, timeout)?;
+                for state in states {
+                    // No NEED_REPLY: the daemon answers nothing, so no stray reply reaches the
+                    // frontend.
+                    let mut replay = [0u8; HEADER_LEN];
+                    replay[..4].copy_from_slice(&SET_VRING_ENABLE.to_le_bytes());
+                    replay[4..8].copy_from_slice(&FLAG_VERSION_1.to_le_bytes());
+                    replay[8..].copy_from_slice(&8u32.to_le_bytes());
+                    send_message(daemon, &replay, &state, &[], timeout)?;
+                }
             }
         }
     }
     Ok(())
 }
 
-/// Sends one message with its descriptors (attached to the first bytes, as the receiver
-/// expects).
+/// Sends one message to the daemon with its descriptors (attached to the first bytes, as the
+/// receiver expects).
 fn send_message(
     sock: &UnixStream,
     header: &Header,
     body: &[u8],
     files: &[File],
+    timeout: Duration,
 ) -> Result<(), RelayError> {
     let fds: Vec<RawFd> = files.iter().map(|f| f.as_raw_fd()).collect();
     let total = HEADER_LEN + body.len();
@@ -272,21 +360,27 @@ fn send_message(
         match sock.send_with_fds(&[&header[..], body], &fds) {
             Ok(n) => break n,
             Err(e) if e.errno() == libc::EINTR => continue,
-            Err(e) => return Err(io::Error::from(e).into()),
+            Err(e) => return Err(write_error(e.into(), Peer::Daemon, timeout)),
         }
     };
     if sent < total {
         let mut rest = Vec::with_capacity(total - sent);
         rest.extend_from_slice(header);
         rest.extend_from_slice(body);
-        (&*sock).write_all(&rest[sent..])?;
+        (&*sock)
+            .write_all(rest.get(sent..).unwrap_or_default())
+            .map_err(|e| write_error(e, Peer::Daemon, timeout))?;
     }
     Ok(())
 }
 
 /// Daemon -> frontend: replies, framed so that they never interleave with a reply the relay
 /// writes itself. The daemon attaches no descriptors to replies for the features it offers.
-fn relay_replies(daemon: &UnixStream, frontend: &Mutex<UnixStream>) -> Result<(), RelayError> {
+fn relay_replies(
+    daemon: &UnixStream,
+    frontend: &Mutex<UnixStream>,
+    timeout: Duration,
+) -> Result<(), RelayError> {
     loop {
         let mut header = [0u8; HEADER_LEN];
         match read_full(daemon, &mut header)? {
@@ -301,154 +395,9 @@ fn relay_replies(daemon: &UnixStream, frontend: &Mutex<UnixStream>) -> Result<()
             }
         }
         let body = recv_body(daemon, &header)?;
-        let mut out = frontend.lock().unwrap_or_else(|e| e.into_inner());
-        out.write_all(&header)?;
-        out.write_all(&body)?;
+        write_frontend(frontend, &[&header, &body], timeout)?;
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-
-    fn message(request: u32, flags: u32, body: &[u8]) -> Vec<u8> {
-        let mut m = Vec::new();
-        m.extend_from_slice(&request.to_le_bytes());
-        m.extend_from_slice(&flags.to_le_bytes());
-        m.extend_from_slice(&(body.len() as u32).to_le_bytes());
-        m.extend_from_slice(body);
-        m
-    }
-
-    struct Pair {
-        frontend: UnixStream,
-        daemon: UnixStream,
-        relay: Relay,
-    }
-
-    fn relayed() -> Pair {
-        let (frontend, frontend_end) = UnixStream::pair().unwrap();
-        let (daemon_end, daemon) = UnixStream::pair().unwrap();
-        for s in [&frontend, &daemon] {
-            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        }
-        let relay = Relay::spawn(svnic_control::GuestId(1), frontend_end, daemon_end).unwrap();
-        Pair {
-            frontend,
-            daemon,
-            relay,
-        }
-    }
-
-    fn read_n(mut s: &UnixStream, n: usize) -> Vec<u8> {
-        let mut b = vec![0u8; n];
-        s.read_exact(&mut b).unwrap();
-        b
-    }
-
-    fn read_rest(mut s: &UnixStream) -> Vec<u8> {
-        let mut b = Vec::new();
-        s.read_to_end(&mut b).unwrap();
-        b
-    }
-
-    #[test]
-    fn early_vring_enables_are_held_until_features_then_replayed() {
-        let p = relayed();
-        let enable =
-            |index: u8, on: u8| message(SET_VRING_ENABLE, 1, &[index, 0, 0, 0, on, 0, 0, 0]);
-        let asked = message(
-            SET_VRING_ENABLE,
-            1 | FLAG_NEED_REPLY,
-            &[1, 0, 0, 0, 1, 0, 0, 0],
-        );
-        let features = message(SET_FEATURES, 1, &(1u64 << 30 | 1 << 32).to_le_bytes());
-        // As QEMU 7.2 does: ring 0 enabled, disabled, enabled again; ring 1 enabled (here
-        // asking for a reply).
-        for m in [enable(0, 1), enable(0, 0), enable(0, 1)] {
-            (&p.frontend).write_all(&m).unwrap();
-        }
-        (&p.frontend).write_all(&asked).unwrap();
-        let ack = read_n(&p.frontend, HEADER_LEN + 8);
-        assert_eq!(ack, message(SET_VRING_ENABLE, 1 | FLAG_REPLY, &[0; 8]));
-        (&p.frontend).write_all(&features).unwrap();
-        // The daemon sees SET_FEATURES, then the last state of each ring.
-        assert_eq!(read_n(&p.daemon, features.len()), features);
-        assert_eq!(read_n(&p.daemon, enable(0, 1).len()), enable(0, 1));
-        assert_eq!(read_n(&p.daemon, enable(1, 1).len()), enable(1, 1));
-        // After it, enables pass straight through.
-        (&p.frontend).write_all(&enable(1, 0)).unwrap();
-        assert_eq!(read_n(&p.daemon, enable(1, 0).len()), enable(1, 0));
-
-        // Replies flow back.
-        let reply = message(1, 1 | FLAG_REPLY, &[7; 8]);
-        (&p.daemon).write_all(&reply).unwrap();
-        assert_eq!(read_n(&p.frontend, reply.len()), reply);
-
-        drop(p.frontend);
-        assert!(
-            read_rest(&p.daemon).is_empty(),
-            "the daemon side is closed too"
-        );
-        assert!(p.relay.join().is_ok());
-    }
-
-    #[test]
-    fn descriptors_travel_with_their_message() {
-        let p = relayed();
-        let (a, _b) = UnixStream::pair().unwrap();
-        let call = message(13, 1, &0u64.to_le_bytes());
-        p.frontend
-            .send_with_fds(
-                &[&call[..HEADER_LEN], &call[HEADER_LEN..]],
-                &[a.as_raw_fd()],
-            )
-            .unwrap();
-        let mut buf = vec![0u8; call.len()];
-        let mut fds = [-1; 4];
-        let mut iov = [libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        }];
-        // SAFETY: the iovec describes `buf`, alive across the call.
-        let (n, nfds) = unsafe { p.daemon.recv_with_fds(&mut iov, &mut fds) }.unwrap();
-        assert_eq!((n, nfds), (call.len(), 1));
-        assert_eq!(buf, call);
-        // SAFETY: received descriptor, owned by nobody else.
-        drop(unsafe { File::from_raw_fd(fds[0]) });
-    }
-
-    #[test]
-    fn an_oversized_header_ends_the_connection() {
-        let p = relayed();
-        let mut bad = message(5, 1, &[]);
-        bad[8..12].copy_from_slice(&0x10_0000u32.to_le_bytes());
-        (&p.frontend).write_all(&bad).unwrap();
-        assert!(matches!(
-            p.relay.join(),
-            Err(RelayError::Oversized {
-                request: 5,
-                size: 0x10_0000
-            })
-        ));
-        assert!(read_rest(&p.daemon).is_empty());
-    }
-
-    #[test]
-    fn a_message_cut_short_is_reported() {
-        let p = relayed();
-        let m = message(SET_FEATURES, 1, &[1, 2, 3, 4, 5, 6, 7, 8]);
-        (&p.frontend).write_all(&m[..15]).unwrap();
-        p.frontend.shutdown(Shutdown::Write).unwrap();
-        assert!(matches!(
-            p.relay.join(),
-            Err(RelayError::Truncated {
-                request: SET_FEATURES,
-                got: 3,
-                size: 8
-            })
-        ));
-    }
-}
+mod tests;
