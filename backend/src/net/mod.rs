@@ -11,6 +11,8 @@
 //! - [`relay`]: passes vhost-user messages between a frontend and its daemon, absorbing the
 //!   `SET_VRING_ENABLE` QEMU 7.2 sends before feature negotiation.
 //! - [`memory_table`]: checks a frontend's memory table before anything touches it.
+//! - [`sigbus_guard`]: guest memory that vanishes under the daemon (SIGBUS) costs its frontend
+//!   the connection, not the daemon its life.
 //! - [`frame_pool`]: pooled frame buffers, copied into once per frame.
 //!
 //! Wiring (done by the daemon): create the [`Switch`] with the daemon's [`PortEvents`], add a
@@ -23,6 +25,7 @@ pub mod listener;
 pub mod memory_table;
 pub mod port;
 pub mod relay;
+pub mod sigbus_guard;
 pub mod switch;
 pub mod virtio_net;
 
