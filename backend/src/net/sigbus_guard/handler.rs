@@ -133,8 +133,8 @@ pub(super) fn install() -> io::Result<()> {
     Ok(())
 }
 
-/// The SIGBUS handler: a fault inside a guarded range gets a zero page over the faulting page and
-/// the access is retried; any other SIGBUS gets the previous disposition back and re-raises.
+/// The SIGBUS handler: a fault inside a guarded range gets zero memory over the range and the
+/// access is retried; any other SIGBUS gets the previous disposition back and re-raises.
 extern "C" fn on_sigbus(_signal: libc::c_int, info: *mut libc::siginfo_t, _context: *mut c_void) {
     // SAFETY: __errno_location only returns the address of this thread's errno (async-signal-safe).
     let errno_slot = unsafe { libc::__errno_location() };
@@ -156,33 +156,26 @@ extern "C" fn on_sigbus(_signal: libc::c_int, info: *mut libc::siginfo_t, _conte
     unsafe { *errno_slot = errno };
 }
 
-/// Replaces the faulting page of a guarded range with a zero page; false if `addr` is not
+/// Replaces a guarded range that faulted at `addr` with zero memory; false if `addr` is not
 /// guarded or the replacement failed.
+///
+/// The whole range is replaced at once, so that the range costs one mapping however many of its
+/// pages a frontend makes fault (each page replaced alone would split the mapping, and a process
+/// has a bounded number of them); only if that fails, the faulting page alone. Either way the
+/// range is dead: its owner loses the connection.
 fn recover(addr: usize) -> bool {
-    let Some((slot, start, page)) = SLOTS.iter().find_map(|slot| {
+    let Some((slot, start, len, page)) = SLOTS.iter().find_map(|slot| {
         let (start, len, page) = slot.read()?;
-        (addr.wrapping_sub(start) < len).then_some((slot, start, page))
+        (addr.wrapping_sub(start) < len).then_some((slot, start, len, page))
     }) else {
         return false;
     };
-    // `start` is aligned to `page`, a power of two: the page lies inside the range's mapping.
+    // `start` is aligned to `page`, a power of two, and the mapping extends to a multiple of it.
     // Wrapping arithmetic: nothing in a signal handler may panic.
-    let page_start = start.wrapping_add(addr.wrapping_sub(start) & !page.wrapping_sub(1));
-    // SAFETY: the range [page_start, page_start + page) belongs to a guest-memory mapping the
-    // registry keeps alive while the slot is published, and nothing in this process holds
-    // references into it other than as guest memory (accessed only through volatile copies).
-    // MAP_FIXED replaces those pages in place with private zero pages.
-    let mapped = unsafe {
-        libc::mmap(
-            page_start as *mut c_void,
-            page,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-            -1,
-            0,
-        )
-    };
-    if mapped as usize != page_start {
+    let mask = !page.wrapping_sub(1);
+    let whole = len.wrapping_add(page.wrapping_sub(1)) & mask;
+    let page_start = start.wrapping_add(addr.wrapping_sub(start) & mask);
+    if !map_zeros(start, whole) && !map_zeros(page_start, page) {
         return false;
     }
     let _ = slot
@@ -198,6 +191,26 @@ fn recover(addr: usize) -> bool {
         let _ = unsafe { libc::write(fd, one.as_ptr().cast(), one.len()) };
     }
     true
+}
+
+/// Maps private zero memory over `[at, at + len)`, which must lie inside a guarded mapping.
+fn map_zeros(at: usize, len: usize) -> bool {
+    // SAFETY: the range belongs to a guest-memory mapping the registry keeps alive while its slot
+    // is published, and nothing in this process holds references into it other than as guest
+    // memory (accessed only through volatile copies), so replacing its pages in place (MAP_FIXED)
+    // breaks no Rust aliasing rule. MAP_NORESERVE: a large range must not fail on commit
+    // accounting; its pages are allocated only when touched.
+    let mapped = unsafe {
+        libc::mmap(
+            at as *mut c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    mapped as usize == at
 }
 
 /// A SIGBUS the guard does not own: the disposition found at installation comes back (the

@@ -9,18 +9,20 @@
 //! seal. So every region of every table is guarded, sealed or not, and unsealed frontends keep
 //! working by default:
 //!
-//! - A process-wide SIGBUS handler looks the faulting address up in a fixed table
-//!   of guarded ranges. Inside one, it maps a private zero page over the faulting page (a whole
-//!   hugepage on hugetlbfs, where a partial replacement is impossible), so the access completes
-//!   (reads see zeros, writes are lost), and wakes the guard thread. Outside, the previous
-//!   disposition comes back and the signal kills the process as before.
+//! - A process-wide SIGBUS handler looks the faulting address up in a fixed table of guarded
+//!   ranges. Inside one, it maps private zero memory over the whole range (in hugepages on
+//!   hugetlbfs, where a partial replacement must be hugepage-aligned), so the access completes
+//!   (reads see zeros, writes are lost) and no later access to the range faults, and wakes the
+//!   guard thread. Outside, the previous disposition comes back and the signal kills the process
+//!   as before.
 //! - The guard thread calls the range's [`FaultOwner`] (the device, which closes its
 //!   connection) outside signal context.
 //! - The registry holds each guarded mapping alive (`Arc<MmapRegion>`) and releases it, clearing
 //!   its slot first, once nobody else holds it: a range is guarded exactly as long as it is
 //!   mapped. Releases happen at each registration, on [`release_unused`], and every
 //!   [`SWEEP_PERIOD`] while anything is guarded.
-//! - A full table refuses the new memory table ([`GuardError::Full`]).
+//! - Regions are registered when the device accepts a table, before anything in the daemon
+//!   touches them. A full table refuses the new memory table ([`GuardError::Full`]).
 
 mod handler;
 

@@ -99,11 +99,8 @@ fn a_truncated_memfd_reads_zeros_and_its_owner_is_told() {
 
     let first = faults.recv_timeout(WAIT).expect("the owner was not told");
     assert_eq!(first.token, 0x7001);
-    assert!(
-        [BASE + 0x3010, BASE + 0x5000].contains(&first.gpa),
-        "{first:x?}"
-    );
-    assert!(recovered_faults() >= before + 2, "one fault per page");
+    assert_eq!(first.gpa, BASE + 0x3010, "{first:x?}");
+    assert!(recovered_faults() > before);
 }
 
 #[test]
