@@ -25,7 +25,7 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use super::memory_table::{validate_memory_table, RegionBacking};
+use super::memory_table::{protection, validate_memory_table};
 use super::port::{PortCounters, PortId, SwitchPort};
 use super::sigbus_guard::{self, FaultOwner, GuestMemoryFault};
 use super::switch::Switch;
@@ -208,7 +208,7 @@ impl NetDevice {
         })
     }
 
-    /// Guest memory vanished under the daemon (a zero page stands in): the connection ends.
+    /// Guest memory vanished under the daemon (zero memory stands in): the connection ends.
     fn memory_vanished(&self, fault: GuestMemoryFault) {
         svnic_control::log_limited!(
             log::Level::Warn,
@@ -413,19 +413,6 @@ impl NetDevice {
         if completed {
             signal_used(&mut state, mem);
         }
-    }
-}
-
-/// How a table's regions are protected against losing pages, for its log line.
-fn protection(backings: &[RegionBacking]) -> String {
-    let unsealed = backings.iter().filter(|b| !b.sealed).count();
-    let huge = backings.iter().filter(|b| b.hugetlbfs).count();
-    match (unsealed, huge) {
-        (0, 0) => "sealed against shrinking".to_string(),
-        _ => format!(
-            "{unsealed} region(s) not sealed against shrinking, {huge} on hugetlbfs: guarded \
-             against SIGBUS only"
-        ),
     }
 }
 

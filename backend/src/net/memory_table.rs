@@ -148,6 +148,19 @@ pub fn validate_memory_table(
     Ok(backings)
 }
 
+/// How a table's regions are protected against losing pages, for its log line.
+pub fn protection(backings: &[RegionBacking]) -> String {
+    let unsealed = backings.iter().filter(|b| !b.sealed).count();
+    let huge = backings.iter().filter(|b| b.hugetlbfs).count();
+    match (unsealed, huge) {
+        (0, 0) => "sealed against shrinking".to_string(),
+        _ => format!(
+            "{unsealed} region(s) not sealed against shrinking, {huge} on hugetlbfs: guarded \
+             against SIGBUS only"
+        ),
+    }
+}
+
 /// True if the file carries `F_SEAL_SHRINK`. Files that cannot be sealed (hugetlbfs or tmpfs
 /// files opened by path) answer EINVAL: not sealed.
 fn sealed_against_shrinking(fd: libc::c_int) -> bool {
@@ -303,6 +316,29 @@ mod tests {
                 hugetlbfs: true,
                 page_size: HUGE as usize,
             }]
+        );
+    }
+
+    #[test]
+    fn the_log_says_whether_a_table_is_sealed_or_guarded_only() {
+        let sealed = RegionBacking {
+            gpa: 0,
+            sealed: true,
+            hugetlbfs: false,
+            page_size: 4096,
+        };
+        assert_eq!(protection(&[sealed, sealed]), "sealed against shrinking");
+        let huge = RegionBacking {
+            hugetlbfs: true,
+            ..sealed
+        };
+        let open = RegionBacking {
+            sealed: false,
+            ..sealed
+        };
+        assert_eq!(
+            protection(&[sealed, huge, open]),
+            "1 region(s) not sealed against shrinking, 1 on hugetlbfs: guarded against SIGBUS only"
         );
     }
 
