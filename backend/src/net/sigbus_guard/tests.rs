@@ -79,15 +79,19 @@ fn no_core_dump() {
 fn a_truncated_memfd_reads_zeros_and_its_owner_is_told() {
     let file = memfd(c"svnic-guard-truncated", 16 * PAGE as u64, 0).unwrap();
     let table = table_of(&file, 16 * PAGE);
-    table
-        .write_obj(0xdead_beef_u32, GuestAddress(BASE + 0x3000))
-        .unwrap();
+    for at in [0x3010, 0x8000] {
+        table
+            .write_obj(0xdead_beef_u32, GuestAddress(BASE + at))
+            .unwrap();
+    }
     let faults = guard_table(&table, PAGE, 0x7001).unwrap();
     let before = recovered_faults();
 
     file.set_len(0).unwrap();
     let read: u32 = table.read_obj(GuestAddress(BASE + 0x3010)).unwrap();
-    assert_eq!(read, 0, "the page vanished: a zero page stands in");
+    assert_eq!(read, 0, "the page vanished: zero memory stands in");
+    let read: u32 = table.read_obj(GuestAddress(BASE + 0x8000)).unwrap();
+    assert_eq!(read, 0, "for the whole region");
     table
         .write_slice(&[0x5a; 64], GuestAddress(BASE + 0x5000))
         .unwrap();
@@ -95,7 +99,7 @@ fn a_truncated_memfd_reads_zeros_and_its_owner_is_told() {
     table
         .read_slice(&mut back, GuestAddress(BASE + 0x5000))
         .unwrap();
-    assert_eq!(back, [0x5a; 64], "the stand-in page takes writes");
+    assert_eq!(back, [0x5a; 64], "the stand-in memory takes writes");
 
     let first = faults.recv_timeout(WAIT).expect("the owner was not told");
     assert_eq!(first.token, 0x7001);
