@@ -25,8 +25,9 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use super::memory_table::validate_memory_table;
+use super::memory_table::{protection, validate_memory_table};
 use super::port::{PortCounters, PortId, SwitchPort};
+use super::sigbus_guard::{self, FaultOwner, GuestMemoryFault};
 use super::switch::Switch;
 use super::virtio_net::{
     device_features, read_config, read_tx_frame, write_rx_frame, NetFeatures, RxOutcome,
@@ -162,6 +163,9 @@ impl NetDevice {
         st.disconnected = true;
         st.memory = None;
         st.closer = None;
+        drop(st);
+        // The guest's memory is unmapped now if nobody else holds it, not at the next sweep.
+        sigbus_guard::release_unused();
     }
 
     /// Closes the exit-event consumers vhost-user-backend 0.24 leaks: `VringEpollHandler::new`
@@ -192,6 +196,30 @@ impl NetDevice {
         if let Some(closer) = &st.closer {
             closer.shutdown();
         }
+    }
+
+    /// Tells this device about faults in its guest memory (held weakly: the guard may outlive it).
+    fn fault_owner(&self) -> Arc<FaultOwner> {
+        let device = Arc::downgrade(&self.inner);
+        FaultOwner::new(u64::from(self.port().0), move |fault| {
+            if let Some(inner) = device.upgrade() {
+                NetDevice { inner }.memory_vanished(fault);
+            }
+        })
+    }
+
+    /// Guest memory vanished under the daemon (zero memory stands in): the connection ends.
+    fn memory_vanished(&self, fault: GuestMemoryFault) {
+        svnic_control::log_limited!(
+            log::Level::Warn,
+            "{}: guest memory at {:#x} vanished under the daemon (file truncated, hole punched or \
+             hugepage pool exhausted); closing the connection ({} such faults in all)",
+            self.port(),
+            fault.gpa,
+            sigbus_guard::recovered_faults()
+        );
+        let mut st = self.lock();
+        self.poison(&mut st);
     }
 
     /// Memory already reported: link up, then `connection(true)`.
@@ -479,27 +507,41 @@ impl VhostUserBackend for NetDevice {
         if st.poisoned {
             return Err(io::Error::other("connection is being closed"));
         }
-        if let Err(e) = validate_memory_table(&table) {
-            // The library installed the table before calling us: take it away from the vrings
-            // before anything touches it.
-            if let Ok(guard) = mem.lock() {
-                guard.replace(GuestMemoryMmap::new());
+        let accepted = validate_memory_table(&table)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+            .and_then(|backings| {
+                let pages = table.iter().zip(&backings).map(|(r, b)| (r, b.page_size));
+                sigbus_guard::guard_regions(pages, &self.fault_owner())
+                    .map(|()| backings)
+                    .map_err(io::Error::other)
+            });
+        let backings = match accepted {
+            Ok(backings) => backings,
+            Err(e) => {
+                // The library installed the table before calling us: take it away from the
+                // vrings before anything touches it.
+                if let Ok(guard) = mem.lock() {
+                    guard.replace(GuestMemoryMmap::new());
+                }
+                drop(table);
+                warn!(
+                    "{port}: frontend sent an unusable memory table: {e}; closing the connection"
+                );
+                self.go_down(&mut st, "unusable memory table");
+                st.memory = None;
+                self.poison(&mut st);
+                return Err(e);
             }
-            drop(table);
-            warn!("{port}: frontend sent an unusable memory table: {e}; closing the connection");
-            self.go_down(&mut st, "unusable memory table");
-            st.memory = None;
-            self.poison(&mut st);
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, e));
-        }
+        };
         info!(
-            "{port}: memory table: {} region(s), {} MiB",
+            "{port}: memory table: {} region(s), {} MiB, {}",
             table.num_regions(),
             table
                 .iter()
                 .map(vm_memory::GuestMemoryRegion::len)
                 .sum::<u64>()
-                >> 20
+                >> 20,
+            protection(&backings)
         );
         self.inner
             .switch

@@ -12,6 +12,8 @@
 //!   gate (only what svnic offered and serves, descriptors checked, write timeouts), absorbing
 //!   the `SET_VRING_ENABLE` QEMU 7.2 sends before feature negotiation.
 //! - [`memory_table`]: checks a frontend's memory table before anything touches it.
+//! - [`sigbus_guard`]: guest memory that vanishes under the daemon (SIGBUS) costs its frontend
+//!   the connection, not the daemon its life.
 //! - [`frame_pool`]: pooled frame buffers, copied into once per frame.
 //!
 //! Wiring (done by the daemon): create the [`Switch`] with the daemon's [`PortEvents`], add a
@@ -24,6 +26,7 @@ pub mod listener;
 pub mod memory_table;
 pub mod port;
 pub mod relay;
+pub mod sigbus_guard;
 pub mod switch;
 pub mod virtio_net;
 

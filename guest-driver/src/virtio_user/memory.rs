@@ -317,6 +317,20 @@ mod tests {
     }
 
     #[test]
+    fn the_memfd_is_sealed_against_resizing() {
+        // The backend maps this file: a shrink would fault its accesses (SIGBUS).
+        let m = MemfdMemory::new(8 * MIB).unwrap();
+        let fd = m.vhost_region().unwrap().mmap_handle;
+        // SAFETY: fcntl(F_GET_SEALS) on the memory's own descriptor.
+        let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
+        let wanted = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        assert_eq!(seals & wanted, wanted, "seals {seals:#x}");
+        // SAFETY: ftruncate on the memory's own descriptor; the seal makes it fail.
+        assert_ne!(unsafe { libc::ftruncate(fd, 0) }, 0);
+        assert_eq!(m.size(), 8 * MIB);
+    }
+
+    #[test]
     fn bad_sizes_are_refused() {
         for size in [0, MIN_MEMORY_SIZE - PAGE, 8 * MIB + 1, u64::MAX] {
             assert!(matches!(
