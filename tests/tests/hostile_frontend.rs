@@ -6,6 +6,8 @@
 //! bounded, and SIGTERM ends it within 5 s.
 #![allow(clippy::unwrap_used)]
 
+mod hostile;
+
 use std::time::Duration;
 
 use svnic_channels::MacAddr;

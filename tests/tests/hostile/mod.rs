@@ -1,0 +1,5 @@
+//! The attacks, by the layer they hit.
+
+mod descriptors;
+mod protocol;
+mod rings;
