@@ -253,8 +253,8 @@ pub fn set_max_open_files(pid: libc::pid_t, n: u64) -> io::Result<()> {
 }
 
 /// Sets only the soft RLIMIT_NOFILE of process `pid`, keeping its hard limit (so that it can be
-/// raised again).
-pub fn set_soft_open_files(pid: libc::pid_t, n: u64) -> io::Result<()> {
+/// raised again); the soft limit it had.
+pub fn set_soft_open_files(pid: libc::pid_t, n: u64) -> io::Result<u64> {
     let mut old = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -271,7 +271,7 @@ pub fn set_soft_open_files(pid: libc::pid_t, n: u64) -> io::Result<()> {
     // SAFETY: `limit` is a valid rlimit read during the call; a null old-limit pointer is allowed.
     let rc = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &limit, std::ptr::null_mut()) };
     if rc == 0 {
-        Ok(())
+        Ok(old.rlim_cur)
     } else {
         Err(io::Error::last_os_error())
     }
@@ -489,6 +489,24 @@ pub fn proc_fd_count(pid: libc::pid_t) -> Result<usize, String> {
     fs::read_dir(&path)
         .map(Iterator::count)
         .map_err(|e| format!("{path}: {e}"))
+}
+
+/// The lowest descriptor number process `pid` does not use: the next one it would get.
+pub fn proc_lowest_free_fd(pid: libc::pid_t) -> Result<u64, String> {
+    let path = format!("/proc/{pid}/fd");
+    let mut used: Vec<u64> = fs::read_dir(&path)
+        .map_err(|e| format!("{path}: {e}"))?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    used.sort_unstable();
+    let mut next = 0;
+    for fd in used {
+        if fd != next {
+            break;
+        }
+        next += 1;
+    }
+    Ok(next)
 }
 
 /// User + system CPU time of process `pid` (all its threads).

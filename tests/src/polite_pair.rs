@@ -76,6 +76,25 @@ impl PolitePair {
         exchange_frame(&self.b, &self.a, n).map_err(|e| format!("frame B -> A: {e}"))?;
         Ok(t0.elapsed())
     }
+
+    /// User-data A -> B -> A only (the latency witness); how long it took.
+    pub fn user_round_trip(&mut self) -> Result<Duration, String> {
+        let t0 = Instant::now();
+        self.rounds += 1;
+        let n = self.rounds;
+        let (addr_a, addr_b) = (self.ca.addr(), self.cb.addr());
+        send_user(&mut self.ca, addr_b, n)?;
+        expect_user(&mut self.cb, &self.b, addr_a, n).map_err(|e| format!("A -> B: {e}"))?;
+        send_user(&mut self.cb, addr_a, n)?;
+        expect_user(&mut self.ca, &self.a, addr_b, n).map_err(|e| format!("B -> A: {e}"))?;
+        Ok(t0.elapsed())
+    }
+
+    /// Sends user-data `n` from A to B.
+    pub fn send_a_to_b(&mut self, n: u64) -> Result<(), String> {
+        let to = self.cb.addr();
+        send_user(&mut self.ca, to, n)
+    }
 }
 
 /// Panics unless the pair completes a round trip.
@@ -160,7 +179,7 @@ fn exchange_frame(from: &HostGuest, to: &HostGuest, n: u64) -> Result<(), String
         got.clear();
         to.recv_raw(&mut got, 256)
             .map_err(|e| format!("receive: {e}"))?;
-        if got.iter().any(|f| *f == frame) {
+        if got.contains(&frame) {
             return Ok(());
         }
     }

@@ -160,7 +160,7 @@ fn cve_2020_10723_chain_loops_and_overlong_chains() {
             vec![desc(nested, 16, DESC_F_INDIRECT, 0)],
             vec![desc(table, 33, DESC_F_INDIRECT, 0)],
             vec![desc(table, 0, DESC_F_INDIRECT, 0)],
-            vec![desc(table, u32::MAX & !15, DESC_F_INDIRECT, 0)],
+            vec![desc(table, !15, DESC_F_INDIRECT, 0)],
             vec![desc(table, 32, DESC_F_INDIRECT | DESC_F_NEXT, 1)],
             long,
         ],

@@ -88,7 +88,7 @@ fn attack_02_millions_of_early_vring_enables() {
             chunk.extend_from_slice(&m);
             sent += 1;
         }
-        if (&*f.raw.stream()).write_all(&chunk).is_err() {
+        if f.raw.stream().write_all(&chunk).is_err() {
             break 'stream; // the backend ended the connection: as good as bounded
         }
     }
@@ -144,8 +144,8 @@ fn attack_05_a_blocking_pipe_as_call_fd() {
     f.setup_vring(RX).unwrap();
     let pipe = Pipe::small().unwrap();
     let before = arena.footprint();
-    let mut accepted = f.setup_vring(TX).is_ok();
-    if accepted {
+    let mut served_throughout = f.setup_vring(TX).is_ok();
+    if served_throughout {
         let _ = f.request(
             "SET_VRING_CALL (pipe)",
             req::SET_VRING_CALL,
@@ -160,13 +160,13 @@ fn attack_05_a_blocking_pipe_as_call_fd() {
             match f.wait_used(TX, Duration::from_secs(2)) {
                 Ok(used) if !used.is_empty() => {}
                 _ => {
-                    accepted = false;
+                    served_throughout = false;
                     break;
                 }
             }
         }
     }
-    eprintln!("the backend kept serving the TX queue to the end: {accepted}");
+    eprintln!("the backend served the TX queue to the end: {served_throughout}");
     // The frontend goes away, the pipe stays open; a polite guest takes the socket.
     drop(f);
     let socket = arena.socket("evil");
@@ -226,7 +226,7 @@ fn memory_tables_with_lying_region_counts() {
     let arena = Arena::start("hostile-memtable", 0);
     let before = arena.footprint();
     let memfd = Memfd::new(1 << 20, Sealing::Sealed).unwrap();
-    let fds = vec![memfd.fd(); 32];
+    let fds = [memfd.fd(); 32];
     for (count, carried) in [(0u32, 0usize), (8, 1), (33, 33), (u32::MAX, 2), (1, 1)] {
         let mut f = NetFrontend::connect(&arena.socket("evil"), Sealing::Sealed).unwrap();
         f.negotiate().unwrap();
