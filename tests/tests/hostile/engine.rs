@@ -6,7 +6,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use svnic_channels::frame::{ControlOp, ControlRequest, CreateRequest, Frame, FrameBody};
-use svnic_channels::{DataRef, MacAddr, Message};
+use svnic_channels::{CompletionStatus, DataRef, MacAddr, Message};
 use svnic_guest::channel::WaitPolicy;
 use svnic_guest::control_client::CreateState;
 use svnic_guest::virtio_user::HostGuest;
@@ -200,41 +200,47 @@ fn attack_09_huge_dma_messages_do_not_stall_other_channels() {
             let (s_data, d_data) = (src.layout().data_offset, dst.layout().data_offset);
             let to = dst.addr();
             let (ws, wd) = (evil.waiter(&src), evil.waiter(&dst));
-            let mut passes = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                for i in 0..BATCH {
-                    let buf = DataRef {
+            // Two batches in flight: the worker always has a batch queued behind the one it
+            // copies, as a guest streaming at full speed would keep it.
+            let (mut in_flight, mut copies) = (0u64, 0u64);
+            let (mut got, mut done) = (Vec::new(), Vec::new());
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                while in_flight < 2 * BATCH {
+                    let posted = DataRef {
                         offset: d_data,
                         len: LEN,
                     };
-                    if !dst.post_buffer(i, buf).unwrap_or(false) {
-                        break;
-                    }
-                }
-                dst.flush().unwrap_or_default();
-                for i in 0..BATCH {
-                    let buf = DataRef {
+                    let sent = DataRef {
                         offset: s_data,
                         len: LEN,
                     };
-                    if !src.send_dma(to, i, buf).unwrap_or(false) {
+                    if !dst.post_buffer(in_flight, posted).unwrap_or(false)
+                        || !src.send_dma(to, in_flight, sent).unwrap_or(false)
+                    {
                         break;
                     }
+                    in_flight += 1;
                 }
+                dst.flush().unwrap_or_default();
                 src.flush().unwrap_or_default();
-                let (mut got, mut done) = (Vec::new(), Vec::new());
-                let deadline = Instant::now() + Duration::from_secs(60);
-                while (got.len() < BATCH as usize || done.len() < BATCH as usize)
-                    && Instant::now() < deadline
-                {
-                    let _ = dst.wait_poll(&mut got, 64, Duration::from_millis(50), &wd);
-                    let _ = src.wait_poll(&mut done, 64, Duration::from_millis(50), &ws);
-                }
-                passes += 1;
-                if passes == 1 {
+                got.clear();
+                done.clear();
+                let _ = dst.wait_poll(&mut got, 256, Duration::from_millis(20), &wd);
+                let _ = src.wait_poll(&mut done, 256, Duration::from_millis(20), &ws);
+                in_flight = in_flight.saturating_sub(done.len() as u64);
+                let copied = done
+                    .iter()
+                    .filter(
+                        |m| matches!(m, Message::Completion(c) if c.status == CompletionStatus::Ok),
+                    )
+                    .count() as u64;
+                copies += copied;
+                if copies >= BATCH && copies - copied < BATCH {
                     let _ = first_pass.send(());
                 }
             }
+            let passes = copies / BATCH;
             (evil, passes)
         })
     };
