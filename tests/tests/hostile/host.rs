@@ -22,8 +22,19 @@ fn attack_04_accept_failing_with_emfile_does_not_spin() {
     let arena = Arena::start("hostile-a04", 0);
     let before = arena.footprint();
     let pid = arena.svnic.pid();
-    let next_fd = proc_lowest_free_fd(pid).unwrap();
-    let normal = set_soft_open_files(pid, next_fd).unwrap();
+    // Descriptors closed after the limit was set would leave room below it: set it again until
+    // the lowest free descriptor stays at the limit.
+    let mut normal = None;
+    for _ in 0..20 {
+        let next_fd = proc_lowest_free_fd(pid).unwrap();
+        let old = set_soft_open_files(pid, next_fd).unwrap();
+        normal.get_or_insert(old);
+        std::thread::sleep(Duration::from_millis(100));
+        if proc_lowest_free_fd(pid).unwrap() == next_fd {
+            break;
+        }
+    }
+    let normal = normal.unwrap();
     let waiting = UnixStream::connect(arena.socket("evil")).unwrap();
     std::thread::sleep(Duration::from_millis(200));
     let (cpu0, t0) = (arena.svnic.cpu_time().unwrap(), Instant::now());
@@ -34,7 +45,7 @@ fn attack_04_accept_failing_with_emfile_does_not_spin() {
     let cpu = cpu1.saturating_sub(cpu0);
     eprintln!("out of descriptors for {wall:?}: {cpu:?} of CPU, log at {log_len} bytes");
     assert!(
-        cpu < wall / 4,
+        cpu < wall / 8,
         "out of descriptors with a frontend waiting, the daemon used {cpu:?} of CPU in {wall:?}\n{}",
         arena.log()
     );
