@@ -1,0 +1,130 @@
+//! CVE-2024-11614 class on the virtio-net queues: available indices far ahead of the ring,
+//! garbage ring entries, bogus ring sizes and absurd ring bases.
+
+use std::time::Duration;
+
+use svnic_tests::arena::{Arena, Bounds};
+use svnic_tests::net_frontend::{NetFrontend, FREE, RX, TX, WANTED_FEATURES};
+use svnic_tests::raw_frontend::{req, vring_state, Sealing};
+use svnic_tests::virtqueue::{Desc, DESC_F_WRITE};
+
+use super::super::{broadcast_from_a, polite_evil, SETTLE};
+
+/// `avail.idx` far ahead of what was consumed (a whole ring and more, and "behind"), with
+/// ring entries naming descriptors past the table, on TX and RX.
+#[test]
+fn cve_2024_11614_available_index_far_ahead() {
+    let arena = Arena::start("hostile-cve2024-idx", 0);
+    let mut f = polite_evil(&arena);
+    let before = arena.footprint();
+    for q in [TX, RX] {
+        let queue = &mut f.queues[usize::from(q)];
+        for slot in 0..256u16 {
+            queue
+                .set_avail_entry(&f.mem, slot, 256u16.wrapping_add(slot.wrapping_mul(251)))
+                .unwrap();
+        }
+    }
+    for idx in [257u16, 40_000, u16::MAX, 1] {
+        for q in [TX, RX] {
+            f.queues[usize::from(q)].set_avail_idx(&f.mem, idx).unwrap();
+            let _ = f.kick(q);
+        }
+        broadcast_from_a(&arena, u64::from(idx));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(SETTLE);
+    arena.assert_unharmed(before, Bounds::default());
+}
+
+/// SET_VRING_NUM 0, not a power of two, larger than the maximum, past u16; then the ring is set
+/// up and kicked as if nothing happened. One connection per value (a refusal may end it).
+#[test]
+fn cve_2024_11614_bogus_ring_sizes() {
+    let arena = Arena::start("hostile-cve2024-num", 0);
+    let before = arena.footprint();
+    for num in [
+        0u32,
+        3,
+        255,
+        1025,
+        32_768,
+        65_535,
+        65_536,
+        1 << 20,
+        u32::MAX,
+    ] {
+        let mut f = NetFrontend::connect(&arena.socket("evil"), Sealing::Sealed).unwrap();
+        f.negotiate().unwrap();
+        f.early_enable().unwrap();
+        f.set_features(f.offered_features & WANTED_FEATURES)
+            .unwrap();
+        f.set_mem_table().unwrap();
+        let _ = f.setup_vring(RX);
+        let _ = f.setup_vring(TX);
+        for q in [RX, TX] {
+            let _ = f.request(
+                "SET_VRING_NUM",
+                req::SET_VRING_NUM,
+                &vring_state(u32::from(q), num),
+                &[],
+            );
+        }
+        let _ = f.send_frame(&[0u8; 60]);
+        let _ = f.post_rx(8);
+        broadcast_from_a(&arena, u64::from(num));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(SETTLE);
+    arena.assert_unharmed(before, Bounds::default());
+}
+
+/// SET_VRING_BASE with values a u16 ring index cannot hold, or far from the driver's index,
+/// then traffic; and SET_VRING_* for rings that do not exist.
+#[test]
+fn cve_2024_11614_absurd_ring_bases_and_indices() {
+    let arena = Arena::start("hostile-cve2024-base", 0);
+    let before = arena.footprint();
+    for base in [0x8000u32, 0xffff, 0x1_0000, u32::MAX] {
+        let mut f = NetFrontend::connect(&arena.socket("evil"), Sealing::Sealed).unwrap();
+        f.negotiate().unwrap();
+        f.early_enable().unwrap();
+        f.set_features(f.offered_features & WANTED_FEATURES)
+            .unwrap();
+        f.set_mem_table().unwrap();
+        for q in [RX, TX] {
+            let _ = f.setup_vring(q);
+            let _ = f.request(
+                "SET_VRING_BASE",
+                req::SET_VRING_BASE,
+                &vring_state(u32::from(q), base),
+                &[],
+            );
+        }
+        for ring in [2u32, 255, 0x8000, u32::MAX] {
+            for request in [
+                req::SET_VRING_NUM,
+                req::SET_VRING_BASE,
+                req::SET_VRING_ENABLE,
+            ] {
+                let _ = f.request("ring out of range", request, &vring_state(ring, 1), &[]);
+            }
+        }
+        let _ = f.send_frame(&[0u8; 60]);
+        let slot = f.queues[usize::from(RX)].avail_idx() % 256;
+        let _ = f.publish_raw(
+            RX,
+            slot,
+            &[Desc {
+                addr: FREE,
+                len: 4096,
+                flags: DESC_F_WRITE,
+                next: 0,
+            }],
+        );
+        broadcast_from_a(&arena, u64::from(base));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(SETTLE);
+    arena.assert_unharmed(before, Bounds::default());
+}

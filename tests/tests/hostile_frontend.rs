@@ -1,0 +1,54 @@
+//! Hostile frontends against a real `svnic serve` (issue 13): one test per attack, and per DPDK
+//! vhost CVE class as it applies to svnic, on the virtio-net queues and on channels. Each test
+//! runs a fresh daemon with a polite pair of host-process guests, attacks from another guest's
+//! socket, and then asserts through [`Arena::assert_unharmed`] that the daemon is alive, the
+//! pair (and a guest arriving afterwards) still completes a round trip, RSS and fds stayed
+//! bounded, and SIGTERM ends it within 5 s.
+#![allow(clippy::unwrap_used)]
+
+mod hostile;
+
+use std::time::Duration;
+
+use svnic_channels::MacAddr;
+use svnic_tests::arena::{Arena, Bounds};
+use svnic_tests::net_frontend::NetFrontend;
+use svnic_tests::polite_pair::test_frame;
+use svnic_tests::raw_frontend::Sealing;
+
+/// Time for the daemon's vring worker to handle what a test just published.
+const SETTLE: Duration = Duration::from_millis(400);
+
+/// A frontend on "evil" that has done everything QEMU does.
+fn polite_evil(arena: &Arena) -> NetFrontend {
+    let mut f = NetFrontend::connect(&arena.socket("evil"), Sealing::Sealed).unwrap();
+    if let Err(e) = f.polite_setup() {
+        panic!("polite setup on \"evil\": {e}\n{}", arena.log());
+    }
+    f
+}
+
+/// A broadcast frame from A: it lands in the RX queue of every other connected guest.
+fn broadcast_from_a(arena: &Arena, n: u64) {
+    let a = &arena.pair.a;
+    assert!(a
+        .send_raw(&test_frame(MacAddr::BROADCAST, a.mac(), n))
+        .unwrap());
+}
+
+#[test]
+fn the_polite_pair_alone_passes_every_check() {
+    let arena = Arena::start("hostile-control", 0);
+    let evil = polite_evil(&arena);
+    let before = arena.footprint();
+    let mut evil = evil;
+    evil.post_rx(16).unwrap();
+    broadcast_from_a(&arena, 1);
+    let used = evil.wait_used(svnic_tests::net_frontend::RX, Duration::from_secs(10));
+    assert_eq!(
+        used.unwrap().len(),
+        1,
+        "the polite frontend received A's broadcast"
+    );
+    arena.assert_unharmed(before, Bounds::default());
+}
