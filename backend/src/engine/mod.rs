@@ -11,6 +11,7 @@ mod counters;
 mod deliver;
 #[cfg(feature = "dma-timing")]
 pub mod dma_timing;
+mod large_copy;
 mod rx_lock;
 mod vector_copy;
 pub(crate) mod worker;

@@ -25,7 +25,8 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::channel::{completion, EngineChannel};
 use super::config::EngineConfig;
 use super::counters::{TxTally, WorkerCounters};
-use super::deliver::{parse_tx, DestRun, Outcome, PendingWakes};
+use super::deliver::{parse_tx, DestRun, Outcome, PendingWakes, Tx};
+use super::large_copy::{LargeCopy, LargeStep};
 use super::Control;
 
 pub(crate) enum Command {
@@ -144,6 +145,8 @@ struct Served {
     tx: Consumer,
     /// The message at the head of the TX ring is waiting for room since this instant.
     held_since: Option<Instant>,
+    /// The message at the head of the TX ring, when it is DMA-data being copied in pieces.
+    large: Option<LargeCopy>,
 }
 
 struct Worker {
@@ -165,6 +168,8 @@ struct Pass {
     blocked: bool,
     /// Stopped early to look again with a fresher routing table: not idle.
     retry: bool,
+    /// Copied part of a DMA-data message, though it took no message: not idle.
+    busy: bool,
 }
 
 impl Worker {
@@ -186,6 +191,7 @@ impl Worker {
             let mut progress = 0;
             let mut blocked = false;
             let mut retry = false;
+            let mut busy = false;
             {
                 let table = self.control.routes();
                 let snapshot = match &mut routes {
@@ -200,10 +206,11 @@ impl Worker {
                     progress += p.progress;
                     blocked |= p.blocked;
                     retry |= p.retry;
+                    busy |= p.busy;
                 }
             }
             self.drop_dead();
-            if progress > 0 {
+            if progress > 0 || busy {
                 self.counters.pass(progress);
                 idle = 0;
                 nap = MIN_BLOCKED_NAP;
@@ -243,6 +250,7 @@ impl Worker {
                         ch,
                         tx,
                         held_since: None,
+                        large: None,
                     });
                     self.counters
                         .channels
@@ -311,14 +319,18 @@ impl Worker {
     }
 
     /// One pass over served channel `i`: flush its completion backlog, then take up to
-    /// `poll_budget` messages from its TX ring and deliver them.
+    /// `poll_budget` messages from its TX ring and deliver them, until they have copied
+    /// `byte_budget` bytes. A DMA-data message longer than that is copied one `byte_budget` piece
+    /// per pass (see `large_copy`); nothing else of the channel moves until it is done.
     fn service(&mut self, i: usize, routes: &RoutingSnapshot<Arc<EngineChannel>>) -> Pass {
         let budget = self.config.poll_budget;
+        let byte_budget = self.config.byte_budget;
         let wait = self.config.backpressure_wait;
         let Some(Served {
             ch: src,
             tx,
             held_since,
+            large,
         }) = self.served.get_mut(i)
         else {
             return Pass::default();
@@ -357,6 +369,62 @@ impl Worker {
         // Messages of this pass not taken yet, and what is left of the budget beyond them.
         let mut left = avail.min(budget);
         let mut room = budget - left;
+        // DMA-data bytes this channel copied in this pass.
+        let mut copied = 0u64;
+        if let Some(job) = large.as_mut() {
+            // The head message is being copied in pieces: its next piece comes first. Its
+            // destination is locked, and published, apart from the runs below.
+            let give_up = held_since.is_some_and(|since| since.elapsed() >= wait);
+            let (step, n) = {
+                let mut r = DestRun::open(&job.dest);
+                let step = r.continue_large(&mut job.progress, src, &mem, byte_budget, give_up);
+                let mut published = PendingWakes::new();
+                r.finish(&mut published);
+                published.flush();
+                step
+            };
+            copied += n;
+            let failed = match step {
+                LargeStep::Copied => {
+                    pass.busy = true;
+                    return pass;
+                }
+                LargeStep::WaitingForRoom => {
+                    held_since.get_or_insert_with(|| {
+                        tally.holds += 1;
+                        Instant::now()
+                    });
+                    src.counters.add_tx(&tally);
+                    pass.busy = n > 0;
+                    pass.blocked = true;
+                    return pass;
+                }
+                LargeStep::Done(Outcome::Delivered { completion, .. }) => {
+                    tally.delivered();
+                    self.completions.extend(completion);
+                    None
+                }
+                LargeStep::Done(Outcome::Failed(status) | Outcome::Blocked(status)) => Some(status),
+                LargeStep::Done(Outcome::DestinationBroken(reason, err)) => {
+                    self.counters.faults.fetch_add(1, Relaxed);
+                    job.dest.fault(reason, &err);
+                    Some(CompletionStatus::DestinationFaulted)
+                }
+            };
+            let msg = job.progress.msg();
+            if let Some(status) = failed {
+                tally.error(status);
+                self.completions
+                    .push(completion(msg.peer, msg.cookie, status, 0));
+            }
+            *large = None;
+            *held_since = None;
+            tx.skip();
+            left = left.saturating_sub(1);
+            if copied >= u64::from(byte_budget) {
+                (left, room) = (0, 0);
+            }
+        }
         loop {
             if left == 0 {
                 // The sender may have published more while this pass ran: take them too (within
@@ -395,7 +463,23 @@ impl Worker {
                             }
                         }
                         let r = run.get_or_insert_with(|| DestRun::open(dest));
-                        (r.deliver(src, &mem, &msg, peer), peer)
+                        match &msg {
+                            Tx::Dma(d) if d.data.len > byte_budget => {
+                                match r.begin_large(d, &mem, byte_budget) {
+                                    Ok(job) => {
+                                        // The message stays at the head of the TX ring until
+                                        // its last piece; this channel's share of the pass is
+                                        // over.
+                                        *large = Some(job);
+                                        *held_since = None;
+                                        pass.busy = true;
+                                        break;
+                                    }
+                                    Err(outcome) => (outcome, peer),
+                                }
+                            }
+                            _ => (r.deliver(src, &mem, &msg, peer), peer),
+                        }
                     }
                     None if lookup.table_changed() => {
                         // The pass's snapshot predates a route bound since (a channel created
@@ -413,7 +497,8 @@ impl Worker {
             };
             let cookie = raw.cookie();
             let failed = match outcome {
-                Outcome::Delivered { completion, .. } => {
+                Outcome::Delivered { completion, bytes } => {
+                    copied += bytes;
                     tally.delivered();
                     if let Some(c) = completion {
                         self.completions.push(c);
@@ -472,6 +557,9 @@ impl Worker {
                         wakes.add(src);
                     }
                 }
+            }
+            if copied >= u64::from(byte_budget) {
+                break;
             }
         }
         // Give the TX slots back before publishing at the destination: whoever sees the messages
