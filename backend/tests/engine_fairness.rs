@@ -215,6 +215,65 @@ fn a_large_message_arrives_once_intact_and_in_order() {
     );
 }
 
+/// While a large message is copied into a destination's posted buffer, that buffer is reserved:
+/// a small DMA-data message of another sender (on the same worker, so that it is read while the
+/// copy is in progress) waits and takes the next buffer, and the destination sees the two in
+/// buffer order; the small one is not refused meanwhile.
+#[test]
+fn dma_data_behind_a_reserved_buffer_waits_and_keeps_buffer_order() {
+    let engine = Engine::new(EngineConfig {
+        workers: 1,
+        byte_budget: 4096,
+        backpressure_wait: Duration::from_secs(20),
+        ..Default::default()
+    })
+    .unwrap();
+    let mut ga = FakeGuest::new(&engine, 1, 40);
+    let mut gd = FakeGuest::new(&engine, 2, 40);
+    let mut a = ga.open_with(1, 256, LARGE_REGION).unwrap();
+    let mut c = ga.open(2);
+    let (mut d, d_region) = gd
+        .open_with_doorbell(
+            1,
+            256,
+            LARGE_REGION,
+            Arc::new(EngineDoorbell(engine.clone())),
+        )
+        .unwrap();
+    a.write_data(a.layout().data_offset, &pattern(1, LARGE))
+        .unwrap();
+    let small = pattern(2, 4096);
+    c.write_data(c.layout().data_offset, &small).unwrap();
+    let first = post_at_start(&mut d, 1, LARGE);
+    let second = first + u64::from(LARGE);
+    let next = DataRef {
+        offset: second,
+        len: 4096,
+    };
+    assert!(d.post_buffer(2, next).unwrap());
+    d.flush().unwrap();
+    send_large_and_wait_for_first_piece(&mut a, &gd, 1, d_region + first, 10);
+    let src = DataRef {
+        offset: c.layout().data_offset,
+        len: 4096,
+    };
+    assert!(c.send_dma(gd.addr(1), 20, src).unwrap());
+    c.flush().unwrap();
+    let got = recv_n(&mut d, &gd.waker, 2, T);
+    let [Message::DmaData(m1), Message::DmaData(m2)] = got.as_slice() else {
+        panic!("unexpected {got:?}")
+    };
+    assert_eq!((m1.cookie, m1.peer, m1.data.len), (1, ga.addr(1), LARGE));
+    assert_eq!((m2.cookie, m2.peer, m2.data.len), (2, ga.addr(2), 4096));
+    let mut out = vec![0u8; 4096];
+    d.read_data(second, &mut out).unwrap();
+    assert!(out == small);
+    let done_a = recv_n(&mut a, &ga.waker, 1, T);
+    assert_eq!(completion_of(&done_a), (10, CompletionStatus::Ok, LARGE));
+    let done_c = recv_n(&mut c, &ga.waker, 1, T);
+    assert_eq!(completion_of(&done_c), (20, CompletionStatus::Ok, 4096));
+}
+
 /// Sends a [`LARGE`] message from `a` to `dest` (which posted a buffer at guest address
 /// `buffer`) and waits until its first bytes are there: the copy has begun.
 fn send_large_and_wait_for_first_piece(

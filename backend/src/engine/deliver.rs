@@ -11,6 +11,7 @@
 //!
 //! [`DestRun`] keeps a destination locked across consecutive messages to it and publishes its RX
 //! ring once at the end of the run (and, for bulk DMA-data, every so many bytes on the way).
+//! DMA-data longer than the per-pass byte budget is copied in pieces instead (`large_copy`).
 
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
