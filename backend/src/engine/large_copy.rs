@@ -24,12 +24,15 @@
 //!   reservation back when dropped.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use svnic_channels::{ChannelMem, CompletionStatus, DmaData, FaultReason, PostBuffer};
+use svnic_channels::{ChannelMem, CompletionStatus, DmaData, FaultReason, PostBuffer, RawMessage};
 
-use super::channel::{EngineChannel, RxSide};
+use super::channel::{completion, EngineChannel, RxSide};
+use super::counters::TxTally;
 use super::deliver::{
     closed_status, copy_range, next_usable_post, rx_room, write_dma_rx, DestRun, Outcome,
+    PendingWakes,
 };
 
 /// A DMA-data message being copied in pieces, held by the worker that serves its sender.
@@ -38,12 +41,12 @@ use super::deliver::{
 /// to give the reservation back).
 pub(crate) struct LargeCopy {
     /// The destination (kept alive here; its `open` flag says whether it may still be written).
-    pub dest: Arc<EngineChannel>,
-    pub progress: Progress,
+    dest: Arc<EngineChannel>,
+    progress: Progress,
 }
 
 /// Where a [`LargeCopy`] stands.
-pub(crate) struct Progress {
+struct Progress {
     /// The sender's message as validated when it began (its TX slot is not read again).
     msg: DmaData,
     /// The destination's posted buffer it is copied into, at the head of its post ring.
@@ -56,7 +59,7 @@ pub(crate) struct Progress {
 
 /// What one step of a [`LargeCopy`] came to.
 #[derive(Debug)]
-pub(crate) enum LargeStep {
+enum LargeStep {
     /// A piece was copied; more remain.
     Copied,
     /// Every byte is in place; the destination's RX ring has no room for the message yet.
@@ -66,11 +69,6 @@ pub(crate) enum LargeStep {
 }
 
 impl Progress {
-    /// The sender's message.
-    pub fn msg(&self) -> &DmaData {
-        &self.msg
-    }
-
     /// Copies the next piece of at most `piece` bytes; the bytes copied, or None if a range left
     /// its region (cannot happen: both were checked against the layouts).
     fn copy_piece(
@@ -154,7 +152,7 @@ impl DestRun<'_> {
     /// `piece` bytes, and after the last one its RX message (published by the run). `give_up`:
     /// the message has already waited the whole backpressure wait for RX room. Also returns the
     /// bytes copied.
-    pub fn continue_large(
+    fn continue_large(
         &mut self,
         job: &mut Progress,
         src: &EngineChannel,
@@ -198,4 +196,85 @@ impl DestRun<'_> {
         }
         (LargeStep::Done(outcome), copied)
     }
+}
+
+/// What the serving worker does next with a channel after a [`step`] of its large message.
+pub(crate) enum Next {
+    /// The message is still at the head of the TX ring: the channel's share of this pass is
+    /// over. `blocked`: it waits for RX room; `busy`: a piece was copied.
+    ShareOver { blocked: bool, busy: bool },
+    /// The message is over (counted in the tally, its completion queued): the caller takes it
+    /// from the TX ring and goes on with the channel's next messages. `bytes`: copied just now;
+    /// `faulted`: its destination's rings were broken, and it was faulted.
+    Taken { bytes: u64, faulted: bool },
+}
+
+/// One step of the large message `slot` holds (the head of `src`'s TX ring): its next piece of
+/// at most `piece` bytes, or its RX message. Its destination is locked, published and
+/// wake-checked apart from the worker's runs. Once the message is over, `slot` is emptied, the
+/// message counted in `tally` and its completion pushed onto `completions`; a destination whose
+/// rings turned out broken is faulted. `held_since`: since when the message waits for RX room;
+/// it fails with `RingFull` once that has lasted `wait`.
+pub(crate) fn step(
+    slot: &mut Option<LargeCopy>,
+    src: &EngineChannel,
+    src_mem: &ChannelMem<'_>,
+    (piece, wait): (u32, Duration),
+    held_since: &mut Option<Instant>,
+    tally: &mut TxTally,
+    completions: &mut Vec<RawMessage>,
+) -> Next {
+    let Some(job) = slot.as_mut() else {
+        return Next::Taken {
+            bytes: 0,
+            faulted: false,
+        };
+    };
+    let give_up = held_since.is_some_and(|since| since.elapsed() >= wait);
+    let (step, bytes) = {
+        let mut run = DestRun::open(&job.dest);
+        let step = run.continue_large(&mut job.progress, src, src_mem, piece, give_up);
+        let mut published = PendingWakes::new();
+        run.finish(&mut published);
+        published.flush();
+        step
+    };
+    let mut faulted = false;
+    let failed = match step {
+        LargeStep::Copied => {
+            return Next::ShareOver {
+                blocked: false,
+                busy: true,
+            }
+        }
+        LargeStep::WaitingForRoom => {
+            held_since.get_or_insert_with(|| {
+                tally.holds += 1;
+                Instant::now()
+            });
+            return Next::ShareOver {
+                blocked: true,
+                busy: bytes > 0,
+            };
+        }
+        LargeStep::Done(Outcome::Delivered { completion, .. }) => {
+            tally.delivered();
+            completions.extend(completion);
+            None
+        }
+        LargeStep::Done(Outcome::Failed(status) | Outcome::Blocked(status)) => Some(status),
+        LargeStep::Done(Outcome::DestinationBroken(reason, err)) => {
+            faulted = true;
+            job.dest.fault(reason, &err);
+            Some(CompletionStatus::DestinationFaulted)
+        }
+    };
+    if let Some(status) = failed {
+        let msg = job.progress.msg;
+        tally.error(status);
+        completions.push(completion(msg.peer, msg.cookie, status, 0));
+    }
+    *slot = None;
+    *held_since = None;
+    Next::Taken { bytes, faulted }
 }

@@ -8,6 +8,7 @@ mod backing;
 mod channel;
 mod config;
 mod counters;
+mod cpu;
 mod deliver;
 #[cfg(feature = "dma-timing")]
 pub mod dma_timing;

@@ -26,8 +26,10 @@ use super::channel::{completion, EngineChannel};
 use super::config::EngineConfig;
 use super::counters::{TxTally, WorkerCounters};
 use super::deliver::{parse_tx, DestRun, Outcome, PendingWakes, Tx};
-use super::large_copy::{LargeCopy, LargeStep};
+use super::large_copy::{self, LargeCopy, Next};
 use super::Control;
+
+pub use super::cpu::{allowed_cpus, pin_to_cpu};
 
 pub(crate) enum Command {
     Attach(Arc<EngineChannel>),
@@ -371,58 +373,35 @@ impl Worker {
         let mut room = budget - left;
         // DMA-data bytes this channel copied in this pass.
         let mut copied = 0u64;
-        if let Some(job) = large.as_mut() {
-            // The head message is being copied in pieces: its next piece comes first. Its
-            // destination is locked, and published, apart from the runs below.
-            let give_up = held_since.is_some_and(|since| since.elapsed() >= wait);
-            let (step, n) = {
-                let mut r = DestRun::open(&job.dest);
-                let step = r.continue_large(&mut job.progress, src, &mem, byte_budget, give_up);
-                let mut published = PendingWakes::new();
-                r.finish(&mut published);
-                published.flush();
-                step
-            };
-            copied += n;
-            let failed = match step {
-                LargeStep::Copied => {
-                    pass.busy = true;
-                    return pass;
-                }
-                LargeStep::WaitingForRoom => {
-                    held_since.get_or_insert_with(|| {
-                        tally.holds += 1;
-                        Instant::now()
-                    });
+        if large.is_some() {
+            // The head message is being copied in pieces: its next step comes first.
+            let next = large_copy::step(
+                large,
+                src,
+                &mem,
+                (byte_budget, wait),
+                held_since,
+                &mut tally,
+                &mut self.completions,
+            );
+            match next {
+                Next::ShareOver { blocked, busy } => {
                     src.counters.add_tx(&tally);
-                    pass.busy = n > 0;
-                    pass.blocked = true;
+                    pass.blocked = blocked;
+                    pass.busy = busy;
                     return pass;
                 }
-                LargeStep::Done(Outcome::Delivered { completion, .. }) => {
-                    tally.delivered();
-                    self.completions.extend(completion);
-                    None
+                Next::Taken { bytes, faulted } => {
+                    if faulted {
+                        self.counters.faults.fetch_add(1, Relaxed);
+                    }
+                    tx.skip();
+                    left = left.saturating_sub(1);
+                    copied += bytes;
+                    if copied >= u64::from(byte_budget) {
+                        (left, room) = (0, 0);
+                    }
                 }
-                LargeStep::Done(Outcome::Failed(status) | Outcome::Blocked(status)) => Some(status),
-                LargeStep::Done(Outcome::DestinationBroken(reason, err)) => {
-                    self.counters.faults.fetch_add(1, Relaxed);
-                    job.dest.fault(reason, &err);
-                    Some(CompletionStatus::DestinationFaulted)
-                }
-            };
-            let msg = job.progress.msg();
-            if let Some(status) = failed {
-                tally.error(status);
-                self.completions
-                    .push(completion(msg.peer, msg.cookie, status, 0));
-            }
-            *large = None;
-            *held_since = None;
-            tx.skip();
-            left = left.saturating_sub(1);
-            if copied >= u64::from(byte_budget) {
-                (left, room) = (0, 0);
             }
         }
         loop {
@@ -612,44 +591,5 @@ impl<'r> RouteLookup<'r> {
     /// True if the routing table changed since the pass's snapshot was loaded.
     fn table_changed(&self) -> bool {
         self.table.generation() != self.snapshot.generation()
-    }
-}
-
-/// The CPUs the calling thread may run on (its affinity mask, as `taskset` or a cpuset left it),
-/// in ascending order. Falls back to `0..available_parallelism` if the mask cannot be read.
-pub fn allowed_cpus() -> Vec<u32> {
-    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: pid 0 is the calling thread; `set` is valid for writes of its size.
-    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-    let cpus: Vec<u32> = if r == 0 {
-        (0..libc::CPU_SETSIZE as usize)
-            // SAFETY: CPU_ISSET reads inside `set` for every index below CPU_SETSIZE.
-            .filter(|c| unsafe { libc::CPU_ISSET(*c, &set) })
-            .map(|c| c as u32)
-            .collect()
-    } else {
-        Vec::new()
-    };
-    if cpus.is_empty() {
-        let n = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
-        return (0..n).collect();
-    }
-    cpus
-}
-
-/// Pins the calling thread to `cpu` (modulo the CPU set size); logs a warning if refused.
-pub fn pin_to_cpu(cpu: u32) {
-    // SAFETY: cpu_set_t is plain data; zeroed is a valid empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: CPU_SET writes within `set`; cpu is reduced modulo CPU_SETSIZE first.
-    unsafe { libc::CPU_SET(cpu as usize % libc::CPU_SETSIZE as usize, &mut set) };
-    // SAFETY: pid 0 is the calling thread; set is valid for its size.
-    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    if r != 0 {
-        log::warn!(
-            "could not pin worker to cpu {cpu}: {}",
-            std::io::Error::last_os_error()
-        );
     }
 }
