@@ -92,6 +92,9 @@ pub(crate) struct RxSide {
     pub open: bool,
     pub rx: Producer,
     pub post: Consumer,
+    /// The posted buffer at the head of the post ring is reserved for a DMA-data message being
+    /// copied in pieces (see `large_copy`): it stays posted, and other DMA-data waits for it.
+    pub post_reserved: bool,
     /// Completions for this channel's own sends that found its RX ring full.
     pub backlog: VecDeque<RawMessage>,
 }
@@ -118,6 +121,7 @@ impl EngineChannel {
                 open: true,
                 rx: Producer::new(RingKind::Rx, &layout),
                 post: Consumer::new(RingKind::Post, &layout),
+                post_reserved: false,
                 backlog: VecDeque::new(),
             }),
             backlog_pending: AtomicBool::new(false),

@@ -11,14 +11,15 @@
 //!
 //! [`DestRun`] keeps a destination locked across consecutive messages to it and publishes its RX
 //! ring once at the end of the run (and, for bulk DMA-data, every so many bytes on the way).
+//! DMA-data longer than the per-pass byte budget is copied in pieces instead (`large_copy`).
 
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
 use svnic_channels::message::{FLAG_COMPLETE, FLAG_WANT_COMPLETION};
 use svnic_channels::{
-    ChannelAddr, ChannelMem, CompletionStatus, DataRef, DmaData, FaultReason, Message, RawMessage,
-    RingError,
+    ChannelAddr, ChannelMem, CompletionStatus, DataRef, DmaData, FaultReason, Message, PostBuffer,
+    RawMessage, RingError,
 };
 use vm_memory::{VolatileMemory, VolatileMemoryError, VolatileSlice};
 
@@ -93,13 +94,7 @@ impl DestRun<'_> {
     ) -> Outcome {
         let (dest, dest_mem, rx, wrote) = (self.dest, &self.mem, &mut *self.rx, &mut self.wrote);
         if !rx.open {
-            return Outcome::Failed(
-                if matches!(dest.run_state(), super::channel::RunState::Faulted) {
-                    CompletionStatus::DestinationFaulted
-                } else {
-                    CompletionStatus::DestinationGone
-                },
-            );
+            return Outcome::Failed(closed_status(dest));
         }
         match rx_room(rx, dest_mem) {
             Ok(true) => {}
@@ -134,11 +129,13 @@ impl DestRun<'_> {
 /// wake check per run instead of per message.
 pub(crate) struct DestRun<'d> {
     pub dest: &'d Arc<EngineChannel>,
-    mem: ChannelMem<'d>,
-    rx: RxGuard<'d, RxSide>,
-    wrote: bool,
-    messages: u64,
-    bytes: u64,
+    pub(super) mem: ChannelMem<'d>,
+    pub(super) rx: RxGuard<'d, RxSide>,
+    /// Something was written into the RX ring since the last publish.
+    pub(super) wrote: bool,
+    /// Messages and DMA-data bytes delivered since the last publish (counted at the publish).
+    pub(super) messages: u64,
+    pub(super) bytes: u64,
 }
 
 impl<'d> DestRun<'d> {
@@ -276,9 +273,18 @@ impl<'d> PendingWakes<'d> {
     }
 }
 
+/// The status of a message for a destination whose RX side is closed.
+pub(super) fn closed_status(dest: &EngineChannel) -> CompletionStatus {
+    if matches!(dest.run_state(), super::channel::RunState::Faulted) {
+        CompletionStatus::DestinationFaulted
+    } else {
+        CompletionStatus::DestinationGone
+    }
+}
+
 /// True if the RX ring has a free slot (re-reading the guest's consumer index only when the
 /// cached view says full).
-fn rx_room(rx: &mut RxSide, mem: &ChannelMem<'_>) -> Result<bool, RingError> {
+pub(super) fn rx_room(rx: &mut RxSide, mem: &ChannelMem<'_>) -> Result<bool, RingError> {
     if rx.rx.cached_free() > 0 {
         return Ok(true);
     }
@@ -294,11 +300,39 @@ fn deliver_dma(
     rx: &mut RxSide,
     wrote: &mut bool,
 ) -> Outcome {
+    let p = match next_usable_post(dest, dest_mem, rx, wrote, d.data.len) {
+        Ok(p) => p,
+        Err(outcome) => return outcome,
+    };
+    // While the copy runs, the cache can bring in the next posted buffer, and take from the
+    // receiver's core the RX slot this message is written to after the copy.
+    rx.post.prefetch(dest_mem, 1);
+    rx.rx.prefetch(dest_mem, 0);
+    if !copy_range(src_mem, d.data.offset, dest_mem, p.buf.offset, d.data.len) {
+        return Outcome::Failed(CompletionStatus::AddressOutOfRange);
+    }
+    write_dma_rx(src, d, &p, dest_mem, rx, wrote)
+}
+
+/// The destination's next posted buffer, if it can take `len` bytes; it stays at the head of
+/// the post ring. Refused posted buffers before it are consumed and reported to their owner.
+/// Otherwise the outcome for the message: it waits while there is no buffer, or while the head
+/// buffer is reserved for a message being copied in pieces (buffers are used in post order).
+pub(super) fn next_usable_post(
+    dest: &EngineChannel,
+    dest_mem: &ChannelMem<'_>,
+    rx: &mut RxSide,
+    wrote: &mut bool,
+    len: u32,
+) -> Result<PostBuffer, Outcome> {
+    if rx.post_reserved {
+        return Err(Outcome::Blocked(CompletionStatus::NoBuffer));
+    }
     loop {
         let post = match next_post(rx, dest_mem) {
             Ok(Some(p)) => p,
-            Ok(None) => return Outcome::Blocked(CompletionStatus::NoBuffer),
-            Err(e) => return Outcome::DestinationBroken(FaultReason::PostIndex, e),
+            Ok(None) => return Err(Outcome::Blocked(CompletionStatus::NoBuffer)),
+            Err(e) => return Err(Outcome::DestinationBroken(FaultReason::PostIndex, e)),
         };
         let usable = post.post_buffer().filter(|p| {
             dest.layout
@@ -321,73 +355,92 @@ fn deliver_dma(
                     rx.backlog.push_back(c);
                     dest.note_backlog(rx);
                 }
-                Err(e) => return Outcome::DestinationBroken(FaultReason::RxIndex, e),
+                Err(e) => return Err(Outcome::DestinationBroken(FaultReason::RxIndex, e)),
             }
             match rx_room(rx, dest_mem) {
                 Ok(true) => continue,
-                Ok(false) => return Outcome::Blocked(CompletionStatus::RingFull),
-                Err(e) => return Outcome::DestinationBroken(FaultReason::RxIndex, e),
+                Ok(false) => return Err(Outcome::Blocked(CompletionStatus::RingFull)),
+                Err(e) => return Err(Outcome::DestinationBroken(FaultReason::RxIndex, e)),
             }
         };
-        if p.buf.len < d.data.len {
+        if p.buf.len < len {
             // The buffer stays posted: a later, smaller message may fit it.
-            return Outcome::Failed(CompletionStatus::BufferTooSmall);
+            return Err(Outcome::Failed(CompletionStatus::BufferTooSmall));
         }
-        // While the copy runs, the cache can bring in the next posted buffer, and take from the
-        // receiver's core the RX slot this message is written to after the copy.
-        rx.post.prefetch(dest_mem, 1);
-        rx.rx.prefetch(dest_mem, 0);
-        let len = d.data.len as usize;
-        let copied = src_mem
-            .slice()
-            .get_slice(d.data.offset as usize, len)
-            .and_then(|from| {
-                dest_mem
-                    .slice()
-                    .get_slice(p.buf.offset as usize, len)
-                    .map(|to| (from, to))
-            });
-        let Ok((from, to)) = copied else {
-            // Both ranges were checked against the layouts; this cannot happen, but a failure
-            // must not be silent.
-            return Outcome::Failed(CompletionStatus::AddressOutOfRange);
-        };
-        #[cfg(feature = "dma-timing")]
-        let started = super::dma_timing::now();
-        let copied = copy_data(&from, &to);
-        #[cfg(feature = "dma-timing")]
-        super::dma_timing::record_copy(started, super::dma_timing::now());
-        if copied.is_err() {
-            // Same: `from` and `to` have the same length, so no piece can be out of range.
-            return Outcome::Failed(CompletionStatus::AddressOutOfRange);
-        }
-        rx.post.skip();
-        let out = Message::DmaData(DmaData {
-            peer: src.addr,
-            flags: FLAG_COMPLETE,
-            cookie: p.cookie,
-            data: DataRef {
-                offset: p.buf.offset,
-                len: d.data.len,
-            },
-        });
-        if let Err(e) = rx.rx.push(dest_mem, &out.encode()) {
-            return Outcome::DestinationBroken(FaultReason::RxIndex, e);
-        }
-        *wrote = true;
-        if let Err(e) = rx.post.release(dest_mem) {
-            return Outcome::DestinationBroken(FaultReason::PostIndex, e);
-        }
-        return Outcome::Delivered {
-            completion: Some(completion(
-                d.peer,
-                d.cookie,
-                CompletionStatus::Ok,
-                d.data.len,
-            )),
-            bytes: len as u64,
-        };
+        return Ok(p);
     }
+}
+
+/// Consumes the posted buffer `p` (the head of the post ring), now holding the data of `d`, and
+/// writes the RX message for it (not published yet): the last step of a DMA-data delivery. The
+/// caller has checked that the RX ring has room.
+pub(super) fn write_dma_rx(
+    src: &EngineChannel,
+    d: &DmaData,
+    p: &PostBuffer,
+    dest_mem: &ChannelMem<'_>,
+    rx: &mut RxSide,
+    wrote: &mut bool,
+) -> Outcome {
+    rx.post.skip();
+    let out = Message::DmaData(DmaData {
+        peer: src.addr,
+        flags: FLAG_COMPLETE,
+        cookie: p.cookie,
+        data: DataRef {
+            offset: p.buf.offset,
+            len: d.data.len,
+        },
+    });
+    if let Err(e) = rx.rx.push(dest_mem, &out.encode()) {
+        return Outcome::DestinationBroken(FaultReason::RxIndex, e);
+    }
+    *wrote = true;
+    if let Err(e) = rx.post.release(dest_mem) {
+        return Outcome::DestinationBroken(FaultReason::PostIndex, e);
+    }
+    Outcome::Delivered {
+        completion: Some(completion(
+            d.peer,
+            d.cookie,
+            CompletionStatus::Ok,
+            d.data.len,
+        )),
+        bytes: u64::from(d.data.len),
+    }
+}
+
+/// Copies `len` bytes at `from` in the sender's region to `to` in the destination's. False if
+/// either range leaves its region, which cannot happen (the caller checked both against the
+/// layouts), but a failure must not be silent.
+pub(super) fn copy_range(
+    src_mem: &ChannelMem<'_>,
+    from: u64,
+    dest_mem: &ChannelMem<'_>,
+    to: u64,
+    len: u32,
+) -> bool {
+    let (Ok(from), Ok(to), Ok(len)) = (
+        usize::try_from(from),
+        usize::try_from(to),
+        usize::try_from(len),
+    ) else {
+        return false;
+    };
+    let slices = src_mem
+        .slice()
+        .get_slice(from, len)
+        .and_then(|from| dest_mem.slice().get_slice(to, len).map(|to| (from, to)));
+    let Ok((from, to)) = slices else {
+        return false;
+    };
+    #[cfg(feature = "dma-timing")]
+    let started = super::dma_timing::now();
+    // `from` and `to` have the same length, so no piece of the copy can be out of range.
+    let copied = copy_data(&from, &to);
+    #[cfg(feature = "dma-timing")]
+    super::dma_timing::record_copy(started, super::dma_timing::now());
+    copied.is_ok()
 }
 
 /// Largest piece [`copy_data`] hands to `memcpy` when it splits a copy: below the size from

@@ -8,9 +8,11 @@ mod backing;
 mod channel;
 mod config;
 mod counters;
+mod cpu;
 mod deliver;
 #[cfg(feature = "dma-timing")]
 pub mod dma_timing;
+mod large_copy;
 mod rx_lock;
 mod vector_copy;
 pub(crate) mod worker;

@@ -25,8 +25,11 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::channel::{completion, EngineChannel};
 use super::config::EngineConfig;
 use super::counters::{TxTally, WorkerCounters};
-use super::deliver::{parse_tx, DestRun, Outcome, PendingWakes};
+use super::deliver::{parse_tx, DestRun, Outcome, PendingWakes, Tx};
+use super::large_copy::{self, LargeCopy, Next};
 use super::Control;
+
+pub use super::cpu::{allowed_cpus, pin_to_cpu};
 
 pub(crate) enum Command {
     Attach(Arc<EngineChannel>),
@@ -144,6 +147,8 @@ struct Served {
     tx: Consumer,
     /// The message at the head of the TX ring is waiting for room since this instant.
     held_since: Option<Instant>,
+    /// The message at the head of the TX ring, when it is DMA-data being copied in pieces.
+    large: Option<LargeCopy>,
 }
 
 struct Worker {
@@ -165,6 +170,8 @@ struct Pass {
     blocked: bool,
     /// Stopped early to look again with a fresher routing table: not idle.
     retry: bool,
+    /// Copied part of a DMA-data message, though it took no message: not idle.
+    busy: bool,
 }
 
 impl Worker {
@@ -186,6 +193,7 @@ impl Worker {
             let mut progress = 0;
             let mut blocked = false;
             let mut retry = false;
+            let mut busy = false;
             {
                 let table = self.control.routes();
                 let snapshot = match &mut routes {
@@ -200,10 +208,11 @@ impl Worker {
                     progress += p.progress;
                     blocked |= p.blocked;
                     retry |= p.retry;
+                    busy |= p.busy;
                 }
             }
             self.drop_dead();
-            if progress > 0 {
+            if progress > 0 || busy {
                 self.counters.pass(progress);
                 idle = 0;
                 nap = MIN_BLOCKED_NAP;
@@ -243,6 +252,7 @@ impl Worker {
                         ch,
                         tx,
                         held_since: None,
+                        large: None,
                     });
                     self.counters
                         .channels
@@ -311,14 +321,18 @@ impl Worker {
     }
 
     /// One pass over served channel `i`: flush its completion backlog, then take up to
-    /// `poll_budget` messages from its TX ring and deliver them.
+    /// `poll_budget` messages from its TX ring and deliver them, until they have copied
+    /// `byte_budget` bytes. A DMA-data message longer than that is copied one `byte_budget` piece
+    /// per pass (see `large_copy`); nothing else of the channel moves until it is done.
     fn service(&mut self, i: usize, routes: &RoutingSnapshot<Arc<EngineChannel>>) -> Pass {
         let budget = self.config.poll_budget;
+        let byte_budget = self.config.byte_budget;
         let wait = self.config.backpressure_wait;
         let Some(Served {
             ch: src,
             tx,
             held_since,
+            large,
         }) = self.served.get_mut(i)
         else {
             return Pass::default();
@@ -357,6 +371,39 @@ impl Worker {
         // Messages of this pass not taken yet, and what is left of the budget beyond them.
         let mut left = avail.min(budget);
         let mut room = budget - left;
+        // DMA-data bytes this channel copied in this pass.
+        let mut copied = 0u64;
+        if large.is_some() {
+            // The head message is being copied in pieces: its next step comes first.
+            let next = large_copy::step(
+                large,
+                src,
+                &mem,
+                (byte_budget, wait),
+                held_since,
+                &mut tally,
+                &mut self.completions,
+            );
+            match next {
+                Next::ShareOver { blocked, busy } => {
+                    src.counters.add_tx(&tally);
+                    pass.blocked = blocked;
+                    pass.busy = busy;
+                    return pass;
+                }
+                Next::Taken { bytes, faulted } => {
+                    if faulted {
+                        self.counters.faults.fetch_add(1, Relaxed);
+                    }
+                    tx.skip();
+                    left = left.saturating_sub(1);
+                    copied += bytes;
+                    if copied >= u64::from(byte_budget) {
+                        (left, room) = (0, 0);
+                    }
+                }
+            }
+        }
         loop {
             if left == 0 {
                 // The sender may have published more while this pass ran: take them too (within
@@ -395,7 +442,23 @@ impl Worker {
                             }
                         }
                         let r = run.get_or_insert_with(|| DestRun::open(dest));
-                        (r.deliver(src, &mem, &msg, peer), peer)
+                        match &msg {
+                            Tx::Dma(d) if d.data.len > byte_budget => {
+                                match r.begin_large(d, &mem, byte_budget) {
+                                    Ok(job) => {
+                                        // The message stays at the head of the TX ring until
+                                        // its last piece; this channel's share of the pass is
+                                        // over.
+                                        *large = Some(job);
+                                        *held_since = None;
+                                        pass.busy = true;
+                                        break;
+                                    }
+                                    Err(outcome) => (outcome, peer),
+                                }
+                            }
+                            _ => (r.deliver(src, &mem, &msg, peer), peer),
+                        }
                     }
                     None if lookup.table_changed() => {
                         // The pass's snapshot predates a route bound since (a channel created
@@ -413,7 +476,8 @@ impl Worker {
             };
             let cookie = raw.cookie();
             let failed = match outcome {
-                Outcome::Delivered { completion, .. } => {
+                Outcome::Delivered { completion, bytes } => {
+                    copied += bytes;
                     tally.delivered();
                     if let Some(c) = completion {
                         self.completions.push(c);
@@ -473,6 +537,9 @@ impl Worker {
                     }
                 }
             }
+            if copied >= u64::from(byte_budget) {
+                break;
+            }
         }
         // Give the TX slots back before publishing at the destination: whoever sees the messages
         // arrive may count on their slots being free again.
@@ -524,44 +591,5 @@ impl<'r> RouteLookup<'r> {
     /// True if the routing table changed since the pass's snapshot was loaded.
     fn table_changed(&self) -> bool {
         self.table.generation() != self.snapshot.generation()
-    }
-}
-
-/// The CPUs the calling thread may run on (its affinity mask, as `taskset` or a cpuset left it),
-/// in ascending order. Falls back to `0..available_parallelism` if the mask cannot be read.
-pub fn allowed_cpus() -> Vec<u32> {
-    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: pid 0 is the calling thread; `set` is valid for writes of its size.
-    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-    let cpus: Vec<u32> = if r == 0 {
-        (0..libc::CPU_SETSIZE as usize)
-            // SAFETY: CPU_ISSET reads inside `set` for every index below CPU_SETSIZE.
-            .filter(|c| unsafe { libc::CPU_ISSET(*c, &set) })
-            .map(|c| c as u32)
-            .collect()
-    } else {
-        Vec::new()
-    };
-    if cpus.is_empty() {
-        let n = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
-        return (0..n).collect();
-    }
-    cpus
-}
-
-/// Pins the calling thread to `cpu` (modulo the CPU set size); logs a warning if refused.
-pub fn pin_to_cpu(cpu: u32) {
-    // SAFETY: cpu_set_t is plain data; zeroed is a valid empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: CPU_SET writes within `set`; cpu is reduced modulo CPU_SETSIZE first.
-    unsafe { libc::CPU_SET(cpu as usize % libc::CPU_SETSIZE as usize, &mut set) };
-    // SAFETY: pid 0 is the calling thread; set is valid for its size.
-    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    if r != 0 {
-        log::warn!(
-            "could not pin worker to cpu {cpu}: {}",
-            std::io::Error::last_os_error()
-        );
     }
 }

@@ -1,0 +1,423 @@
+//! Fair passes: a worker's channels share it by bytes as well as by messages. A DMA-data message
+//! longer than the byte budget is copied in pieces, one per pass, so that the other channels of
+//! the worker are served meanwhile; the receiver sees it only once all its data is in place, in
+//! order, exactly once; and a destination or sender that goes away mid-message leaves nothing
+//! written into a closed channel, nothing reserved, and counters that balance.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use support::*;
+use svnic_backend::{Engine, EngineConfig};
+use svnic_channels::message::FLAG_COMPLETE;
+use svnic_channels::{ChannelId, CompletionStatus, DataRef, Message};
+use svnic_guest::Channel;
+use vm_memory::{Bytes, GuestAddress};
+
+const T: Duration = Duration::from_secs(30);
+
+/// The large message: 32 MiB, far more than any byte budget used here.
+const LARGE: u32 = 32 << 20;
+
+/// A region with room for a [`LARGE`] buffer after its rings.
+const LARGE_REGION: u64 = 34 << 20;
+
+/// Channels of one worker, whose share of a pass ends after `byte_budget` bytes.
+fn engine_with_budget(byte_budget: u32) -> Engine {
+    Engine::new(EngineConfig {
+        workers: 1,
+        byte_budget,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+/// `len` bytes, none of them zero, that differ from one `seed` to the next.
+fn pattern(seed: u8, len: u32) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i % 251) as u8).wrapping_add(seed) | 1)
+        .collect()
+}
+
+/// Polls `ch` once for at most `max` messages, without waiting.
+fn poll_now(ch: &mut Channel, max: usize) -> Vec<Message> {
+    let mut out = Vec::new();
+    ch.poll(&mut out, max).unwrap();
+    out
+}
+
+/// The only completion in `msgs`, as (cookie, status, len).
+fn completion_of(msgs: &[Message]) -> (u64, CompletionStatus, u32) {
+    let [Message::Completion(c)] = msgs else {
+        panic!("expected one completion, got {msgs:?}")
+    };
+    (c.cookie, c.status, c.len)
+}
+
+/// Posts the buffer at the start of `ch`'s data area, `len` bytes, with `cookie`.
+fn post_at_start(ch: &mut Channel, cookie: u64, len: u32) -> u64 {
+    let offset = ch.layout().data_offset;
+    assert!(ch.post_buffer(cookie, DataRef { offset, len }).unwrap());
+    ch.flush().unwrap();
+    offset
+}
+
+/// A [`LARGE`] message is copied one piece per pass: a second sender on the same worker
+/// completes user-data round trips while the receiver of the large message has not seen it yet.
+/// (A pass that copied the message whole would let at most one round trip through before it,
+/// and that only if the round trip's two messages both slipped in before the message was read.)
+#[test]
+fn round_trips_of_another_channel_complete_while_a_large_message_is_copied() {
+    const ROUND_TRIPS: u32 = 3;
+    let engine = engine_with_budget(4096);
+    let mut senders = FakeGuest::new(&engine, 1, 40);
+    let mut receivers = FakeGuest::new(&engine, 2, 40);
+    // Created first, so served first in each pass.
+    let mut a = senders.open_with(1, 256, LARGE_REGION).unwrap();
+    let mut b = senders.open(2);
+    let mut d = receivers.open_with(1, 256, LARGE_REGION).unwrap();
+    let mut e = receivers.open(2);
+    let data = pattern(7, LARGE);
+    let source = a.layout().data_offset;
+    a.write_data(source, &data).unwrap();
+    // Retried if this machine's scheduler kept the test thread off the CPU for the whole copy.
+    let mut best = 0;
+    for attempt in 0..10u64 {
+        let buffer = post_at_start(&mut d, 100 + attempt, LARGE);
+        let src = DataRef {
+            offset: source,
+            len: LARGE,
+        };
+        assert!(a.send_dma(receivers.addr(1), attempt, src).unwrap());
+        a.flush().unwrap();
+        let mut during = 0u32;
+        let arrived = loop {
+            // One round trip B -> E -> B.
+            send_user_blocking(&mut b, receivers.addr(2), attempt, b"ping");
+            b.flush().unwrap();
+            let ping = recv_n(&mut e, &receivers.waker, 1, T);
+            assert_eq!(ping.len(), 1, "ping lost");
+            send_user_blocking(&mut e, senders.addr(2), attempt, b"pong");
+            e.flush().unwrap();
+            let pong = recv_n(&mut b, &senders.waker, 1, T);
+            assert_eq!(pong.len(), 1, "pong lost");
+            // The round trip is over: had the large message arrived by then?
+            let got = poll_now(&mut d, 1);
+            if !got.is_empty() {
+                break got;
+            }
+            during += 1;
+        };
+        let [Message::DmaData(m)] = arrived.as_slice() else {
+            panic!("unexpected {arrived:?}")
+        };
+        assert_eq!((m.cookie, m.data.len), (100 + attempt, LARGE));
+        assert_ne!(m.flags & FLAG_COMPLETE, 0);
+        let mut got = vec![0u8; LARGE as usize];
+        d.read_data(buffer, &mut got).unwrap();
+        assert!(got == data, "attempt {attempt}: data differs");
+        let done = recv_n(&mut a, &senders.waker, 1, T);
+        assert_eq!(completion_of(&done), (attempt, CompletionStatus::Ok, LARGE));
+        best = best.max(during);
+        if best >= ROUND_TRIPS {
+            return;
+        }
+    }
+    panic!(
+        "at most {best} round trips of another channel completed while a {LARGE}-byte message \
+         was copied (wanted {ROUND_TRIPS})"
+    );
+}
+
+/// A message of many pieces arrives once, whole, COMPLETE, in order with the user-data and the
+/// DMA-data its sender queued behind it; the second DMA-data message takes the next posted
+/// buffer; the sender gets one Ok completion each; counters balance.
+#[test]
+fn a_large_message_arrives_once_intact_and_in_order() {
+    // With the default budget; the length is no multiple of it.
+    let engine = engine(1);
+    let piece = engine.config().byte_budget;
+    let len = 8 * piece + 123;
+    let mut ga = FakeGuest::new(&engine, 1, 40);
+    let mut gd = FakeGuest::new(&engine, 2, 40);
+    let mut a = ga.open_with(1, 256, LARGE_REGION).unwrap();
+    let mut d = gd.open_with(1, 256, LARGE_REGION).unwrap();
+    let small = 5000u32;
+    let (src_a, src_b) = (a.layout().data_offset, a.layout().data_offset + (16 << 20));
+    let (large_data, small_data) = (pattern(3, len), pattern(9, small));
+    a.write_data(src_a, &large_data).unwrap();
+    a.write_data(src_b, &small_data).unwrap();
+    let buf_a = post_at_start(&mut d, 501, len);
+    let buf_b = buf_a + (16 << 20);
+    let post_b = DataRef {
+        offset: buf_b,
+        len: small,
+    };
+    assert!(d.post_buffer(502, post_b).unwrap());
+    d.flush().unwrap();
+    let large = DataRef { offset: src_a, len };
+    assert!(a.send_dma(gd.addr(1), 1, large).unwrap());
+    assert!(a.send_user(gd.addr(1), 2, b"after", false).unwrap());
+    let second = DataRef {
+        offset: src_b,
+        len: small,
+    };
+    assert!(a.send_dma(gd.addr(1), 3, second).unwrap());
+    a.flush().unwrap();
+    let got = recv_n(&mut d, &gd.waker, 3, T);
+    let [Message::DmaData(m1), Message::UserData(u), Message::DmaData(m2)] = got.as_slice() else {
+        panic!("unexpected {got:?}")
+    };
+    assert_eq!((m1.cookie, m1.data.offset, m1.data.len), (501, buf_a, len));
+    assert_eq!((u.cookie, u.data()), (2, &b"after"[..]));
+    assert_eq!(
+        (m2.cookie, m2.data.offset, m2.data.len),
+        (502, buf_b, small)
+    );
+    for m in [m1, m2] {
+        assert_ne!(m.flags & FLAG_COMPLETE, 0);
+        assert_eq!(m.peer, ga.addr(1));
+    }
+    let mut out = vec![0u8; len as usize];
+    d.read_data(buf_a, &mut out).unwrap();
+    assert!(out == large_data, "large message's data differs");
+    let mut out = vec![0u8; small as usize];
+    d.read_data(buf_b, &mut out).unwrap();
+    assert!(out == small_data, "small message's data differs");
+    let done = recv_n(&mut a, &ga.waker, 2, T);
+    let done: Vec<_> = done
+        .iter()
+        .map(|m| completion_of(std::slice::from_ref(m)))
+        .collect();
+    assert_eq!(
+        done,
+        [
+            (1, CompletionStatus::Ok, len),
+            (3, CompletionStatus::Ok, small)
+        ]
+    );
+    // Exactly once: nothing more arrives.
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(poll_now(&mut d, 16).is_empty());
+    assert!(poll_now(&mut a, 16).is_empty());
+    let sa = engine.channel_stats(ChannelId(a.id())).unwrap();
+    assert_eq!(
+        (sa.tx_taken, sa.tx_delivered, sa.tx_errors_total()),
+        (3, 3, 0)
+    );
+    let sd = engine.channel_stats(ChannelId(d.id())).unwrap();
+    assert_eq!(
+        (sd.rx_messages, sd.rx_bytes),
+        (3, u64::from(len) + u64::from(small))
+    );
+}
+
+/// While a large message is copied into a destination's posted buffer, that buffer is reserved:
+/// a small DMA-data message of another sender (on the same worker, so that it is read while the
+/// copy is in progress) waits and takes the next buffer, and the destination sees the two in
+/// buffer order; the small one is not refused meanwhile.
+#[test]
+fn dma_data_behind_a_reserved_buffer_waits_and_keeps_buffer_order() {
+    let engine = Engine::new(EngineConfig {
+        workers: 1,
+        byte_budget: 4096,
+        backpressure_wait: Duration::from_secs(20),
+        ..Default::default()
+    })
+    .unwrap();
+    let mut ga = FakeGuest::new(&engine, 1, 40);
+    let mut gd = FakeGuest::new(&engine, 2, 40);
+    let mut a = ga.open_with(1, 256, LARGE_REGION).unwrap();
+    let mut c = ga.open(2);
+    let (mut d, d_region) = gd
+        .open_with_doorbell(
+            1,
+            256,
+            LARGE_REGION,
+            Arc::new(EngineDoorbell(engine.clone())),
+        )
+        .unwrap();
+    a.write_data(a.layout().data_offset, &pattern(1, LARGE))
+        .unwrap();
+    let small = pattern(2, 4096);
+    c.write_data(c.layout().data_offset, &small).unwrap();
+    let first = post_at_start(&mut d, 1, LARGE);
+    let second = first + u64::from(LARGE);
+    let next = DataRef {
+        offset: second,
+        len: 4096,
+    };
+    assert!(d.post_buffer(2, next).unwrap());
+    d.flush().unwrap();
+    send_large_and_wait_for_first_piece(&mut a, &gd, 1, d_region + first, 10);
+    let src = DataRef {
+        offset: c.layout().data_offset,
+        len: 4096,
+    };
+    assert!(c.send_dma(gd.addr(1), 20, src).unwrap());
+    c.flush().unwrap();
+    let got = recv_n(&mut d, &gd.waker, 2, T);
+    let [Message::DmaData(m1), Message::DmaData(m2)] = got.as_slice() else {
+        panic!("unexpected {got:?}")
+    };
+    assert_eq!((m1.cookie, m1.peer, m1.data.len), (1, ga.addr(1), LARGE));
+    assert_eq!((m2.cookie, m2.peer, m2.data.len), (2, ga.addr(2), 4096));
+    let mut out = vec![0u8; 4096];
+    d.read_data(second, &mut out).unwrap();
+    assert!(out == small);
+    let done_a = recv_n(&mut a, &ga.waker, 1, T);
+    assert_eq!(completion_of(&done_a), (10, CompletionStatus::Ok, LARGE));
+    let done_c = recv_n(&mut c, &ga.waker, 1, T);
+    assert_eq!(completion_of(&done_c), (20, CompletionStatus::Ok, 4096));
+}
+
+/// Sends a [`LARGE`] message from `a` to `dest` (which posted a buffer at guest address
+/// `buffer`) and waits until its first bytes are there: the copy has begun.
+fn send_large_and_wait_for_first_piece(
+    a: &mut Channel,
+    dest: &FakeGuest,
+    endpoint: u32,
+    buffer: u64,
+    cookie: u64,
+) {
+    let src = DataRef {
+        offset: a.layout().data_offset,
+        len: LARGE,
+    };
+    assert!(a.send_dma(dest.addr(endpoint), cookie, src).unwrap());
+    a.flush().unwrap();
+    let deadline = Instant::now() + T;
+    while dest.mem.read_obj::<u8>(GuestAddress(buffer)).unwrap() == 0 {
+        assert!(Instant::now() < deadline, "the copy never began");
+        std::hint::spin_loop();
+    }
+}
+
+/// The destination is destroyed while a large message is copied into it: the sender gets
+/// `DestinationGone`, nothing more is written into the destination's memory once the destroy
+/// returned, and the sender's counters balance.
+#[test]
+fn a_destination_destroyed_mid_message_fails_it_and_is_not_written_after() {
+    let engine = engine_with_budget(4096);
+    let mut ga = FakeGuest::new(&engine, 1, 40);
+    let mut gd = FakeGuest::new(&engine, 2, 40);
+    let mut a = ga.open_with(1, 256, LARGE_REGION).unwrap();
+    let data = pattern(5, LARGE);
+    a.write_data(a.layout().data_offset, &data).unwrap();
+    let region = gd.alloc(LARGE_REGION);
+    for attempt in 0..10u64 {
+        // A fresh destination each attempt, over the same (zeroed) memory.
+        gd.mem
+            .write_slice(&vec![0u8; LARGE_REGION as usize], GuestAddress(region))
+            .unwrap();
+        let req = gd.request(1, 256, region, LARGE_REGION);
+        let info = engine.create_channel(gd.id, &req).unwrap();
+        let mut d = gd.attach(region, LARGE_REGION, 1);
+        let buffer = region + post_at_start(&mut d, 9, LARGE);
+        send_large_and_wait_for_first_piece(&mut a, &gd, 1, buffer, attempt);
+        engine.destroy_channel(None, info.id).unwrap();
+        let mut after_destroy = vec![0u8; LARGE_REGION as usize];
+        gd.mem
+            .read_slice(&mut after_destroy, GuestAddress(region))
+            .unwrap();
+        let (cookie, status, len) = completion_of(&recv_n(&mut a, &ga.waker, 1, T));
+        assert_eq!(cookie, attempt);
+        if status == CompletionStatus::Ok {
+            // The whole copy ran before the destroy: try again.
+            assert_eq!(len, LARGE);
+            continue;
+        }
+        assert_eq!((status, len), (CompletionStatus::DestinationGone, 0));
+        // Give a stray piece time to land, then compare.
+        std::thread::sleep(Duration::from_millis(50));
+        let mut now = vec![0u8; LARGE_REGION as usize];
+        gd.mem.read_slice(&mut now, GuestAddress(region)).unwrap();
+        assert!(now == after_destroy, "written after the destroy returned");
+        let s = engine.channel_stats(ChannelId(a.id())).unwrap();
+        assert_eq!(s.tx_taken, attempt + 1);
+        assert_eq!(s.tx_delivered + s.tx_errors_total(), s.tx_taken);
+        assert_eq!(s.errors(CompletionStatus::DestinationGone), 1);
+        // The sender goes on: the next message behind it was not held up for good.
+        let mut gd2 = FakeGuest::new(&engine, 3, 8);
+        let mut other = gd2.open(1);
+        assert!(a.send_user(gd2.addr(1), 77, b"next", false).unwrap());
+        a.flush().unwrap();
+        let got = recv_n(&mut other, &gd2.waker, 1, T);
+        assert!(matches!(got.as_slice(), [Message::UserData(u)] if u.cookie == 77));
+        return;
+    }
+    panic!("the copy finished before the destroy in every attempt");
+}
+
+/// The sender is destroyed while its large message is copied: the destination's posted buffer,
+/// reserved for that message, is given back and stays posted (it never got an RX message): the
+/// next DMA-data message for the destination, from another sender, fills it.
+#[test]
+fn a_sender_destroyed_mid_message_gives_the_posted_buffer_back() {
+    let engine = engine_with_budget(4096);
+    let mut ga = FakeGuest::new(&engine, 1, 40);
+    let mut gd = FakeGuest::new(&engine, 2, 40);
+    let mut c = ga.open(2);
+    let a_region = ga.alloc(LARGE_REGION);
+    let (mut d, d_region) = gd
+        .open_with_doorbell(
+            1,
+            256,
+            LARGE_REGION,
+            Arc::new(EngineDoorbell(engine.clone())),
+        )
+        .unwrap();
+    let buffer = d.layout().data_offset;
+    let data = pattern(11, LARGE);
+    for attempt in 0..10u64 {
+        // A fresh sender each attempt, over the same memory.
+        ga.mem
+            .write_slice(&vec![0u8; LARGE_REGION as usize], GuestAddress(a_region))
+            .unwrap();
+        let req = ga.request(1, 256, a_region, LARGE_REGION);
+        let info = engine.create_channel(ga.id, &req).unwrap();
+        let mut a = ga.attach(a_region, LARGE_REGION, 1);
+        a.write_data(a.layout().data_offset, &data).unwrap();
+        gd.mem
+            .write_slice(&vec![0u8; LARGE as usize], GuestAddress(d_region + buffer))
+            .unwrap();
+        post_at_start(&mut d, 40 + attempt, LARGE);
+        send_large_and_wait_for_first_piece(&mut a, &gd, 1, d_region + buffer, attempt);
+        engine.destroy_channel(None, info.id).unwrap();
+        // The worker has let go of the sender: a message not delivered by now never will be.
+        let early = poll_now(&mut d, 1);
+        if !early.is_empty() {
+            let [Message::DmaData(m)] = early.as_slice() else {
+                panic!("unexpected {early:?}")
+            };
+            assert_eq!(m.cookie, 40 + attempt);
+            continue;
+        }
+        let small = pattern(13, 4096);
+        c.write_data(c.layout().data_offset, &small).unwrap();
+        let src = DataRef {
+            offset: c.layout().data_offset,
+            len: 4096,
+        };
+        assert!(c.send_dma(gd.addr(1), 1, src).unwrap());
+        c.flush().unwrap();
+        let got = recv_n(&mut d, &gd.waker, 1, T);
+        let [Message::DmaData(m)] = got.as_slice() else {
+            panic!("unexpected {got:?}")
+        };
+        assert_eq!(
+            (m.cookie, m.data.offset, m.data.len),
+            (40 + attempt, buffer, 4096)
+        );
+        let mut out = vec![0u8; 4096];
+        d.read_data(m.data.offset, &mut out).unwrap();
+        assert!(out == small);
+        let done = recv_n(&mut c, &ga.waker, 1, T);
+        assert_eq!(completion_of(&done), (1, CompletionStatus::Ok, 4096));
+        return;
+    }
+    panic!("the copy finished before the destroy in every attempt");
+}
