@@ -185,7 +185,10 @@ pub fn ensure_private_dir(dir: &Path) -> io::Result<()> {
 fn check_directory(path: &Path, euid: u32) -> Result<(), SocketError> {
     let dir = directory_of(path);
     if dir == Path::new(DEFAULT_SOCKET_DIR) {
-        ensure_private_dir(dir).map_err(io_err(path, "create the directory /run/svnic"))?;
+        ensure_private_dir(dir).map_err(io_err(
+            path,
+            "create the directory /run/svnic (without root, choose a directory of your own)",
+        ))?;
     }
     let meta = match std::fs::metadata(dir) {
         Ok(meta) if meta.is_dir() => meta,
