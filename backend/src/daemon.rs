@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 
@@ -13,15 +14,16 @@ use thiserror::Error;
 use vm_memory::GuestMemoryMmap;
 
 use crate::admin::{
-    AdminRequest, AdminResponse, AdminServer, AdminSource, ChannelView, EngineView, GuestView,
-    WorkerView,
+    AdminOptions, AdminRequest, AdminResponse, AdminServer, AdminSource, ChannelView, EngineView,
+    GuestView, WorkerView,
 };
 use crate::config::DaemonConfig;
 use crate::control_path::{ControlPath, FrameOut};
 use crate::engine::{Engine, EngineError, RunState};
 use crate::net::{
-    serve_port, ListenerError, PortEvents, PortId, StopSignal, Switch, SwitchConfig, SwitchError,
+    ListenerError, PortEvents, PortId, PortListener, StopSignal, Switch, SwitchConfig, SwitchError,
 };
+use crate::sockets::SocketError;
 
 /// Why the daemon could not start.
 #[derive(Debug, Error)]
@@ -35,15 +37,9 @@ pub enum DaemonError {
     /// A guest's socket could not be served.
     #[error("{0}")]
     Listener(#[from] ListenerError),
-    /// The admin socket could not be bound.
-    #[error("admin socket {path}: {source}")]
-    Admin {
-        /// Path.
-        path: PathBuf,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
-    },
+    /// The admin socket could not be created.
+    #[error("admin socket: {0}")]
+    Admin(#[source] SocketError),
     /// The stop signal could not be created.
     #[error("stop signal: {0}")]
     Io(#[from] std::io::Error),
@@ -93,6 +89,8 @@ struct GuestEntry {
     name: String,
     macs: Vec<MacAddr>,
     socket: PathBuf,
+    /// Frontends refused by the socket's uid allow-list.
+    refused_peers: Arc<AtomicU64>,
 }
 
 /// A running daemon. [`Daemon::shutdown`] (or drop) stops listeners and removes sockets.
@@ -144,9 +142,11 @@ impl Daemon {
             let id = engine.register_guest(policy, None)?;
             engine.set_guest_waker(id, Some(control.waker(id, macs[0])))?;
             switch.add_port(id, &macs)?;
+            let listener = PortListener::bind_with(&g.socket, &g.access)?;
+            let refused_peers = listener.refused_peers();
             daemon
                 .listeners
-                .push(serve_port(switch.clone(), id, &g.socket, &stop)?);
+                .push(listener.spawn(switch.clone(), id, stop.clone())?);
             info!(
                 "guest '{name}' ({id}, {}) on {}",
                 macs[0],
@@ -157,6 +157,7 @@ impl Daemon {
                 name,
                 macs,
                 socket: g.socket.clone(),
+                refused_peers,
             });
         }
         daemon.guests = Arc::new(guests);
@@ -167,12 +168,14 @@ impl Daemon {
                 control,
                 guests: daemon.guests.clone(),
             });
-            daemon.admin = Some(AdminServer::start(&config.admin_socket, view).map_err(
-                |source| DaemonError::Admin {
-                    path: config.admin_socket.clone(),
-                    source,
-                },
-            )?);
+            let options = AdminOptions {
+                access: config.admin_access(),
+                ..AdminOptions::default()
+            };
+            daemon.admin = Some(
+                AdminServer::start(&config.admin_socket, view, &options)
+                    .map_err(DaemonError::Admin)?,
+            );
         }
         Ok(daemon)
     }
@@ -283,6 +286,7 @@ impl AdminSource for DaemonView {
                             frames_in: s.map_or(0, |s| s.tx_frames),
                             frames_out: s.map_or(0, |s| s.rx_frames),
                             drops: s.map_or(0, |s| s.drops.total()),
+                            refused_peers: g.refused_peers.load(Relaxed),
                         }
                     })
                     .collect();

@@ -138,7 +138,8 @@ fn measure<T>(what: &'static str, r: Result<T, impl std::fmt::Display>) -> Resul
 /// Runs the whole demo: daemon, two guests, five measurements.
 pub fn run_demo(opts: &DemoOptions) -> Result<DemoReport, DemoError> {
     let dir = std::env::temp_dir().join(format!("svnic-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)
+    // Private whatever the umask: svnic refuses sockets in a directory others may write to.
+    crate::sockets::bind::ensure_private_dir(&dir)
         .map_err(|e| DemoError::Setup(format!("{}: {e}", dir.display())))?;
     let sock = |n: &str| -> PathBuf { dir.join(format!("{n}.sock")) };
     let specs = vec![

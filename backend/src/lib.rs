@@ -12,6 +12,7 @@ pub mod daemon;
 pub mod demo;
 pub mod engine;
 pub mod net;
+pub mod sockets;
 
 pub use engine::{
     allowed_cpus, pin_to_cpu, ChannelInfo, ChannelStats, Engine, EngineConfig, EngineError,

@@ -1,7 +1,10 @@
-//! The `svnic` binary as users run it: `serve` refusing bad configuration, `ctl` talking to a
-//! running daemon, and a clean shutdown on SIGTERM that removes every socket.
+//! The `svnic` binary as users run it: `serve` refusing bad configuration and socket paths
+//! others could take over, sockets with their modes whatever the umask, uid allow-lists, `ctl`
+//! talking to a running daemon, and a clean shutdown on SIGTERM that removes every socket.
 #![allow(clippy::unwrap_used)]
 
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -10,10 +13,69 @@ use svnic_guest::virtio_user::HostGuest;
 
 const BIN: &str = env!("CARGO_BIN_EXE_svnic");
 
-fn tmpdir(tag: &str) -> PathBuf {
+/// A fresh directory with `mode` (0700 keeps it private; 0755 lets other uids reach sockets).
+fn tmpdir(tag: &str, mode: u32) -> PathBuf {
     let d = std::env::temp_dir().join(format!("svnic-cli-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode)).unwrap();
     d
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn mode_of(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap().mode() & 0o7777
+}
+
+/// Sends SIGTERM and waits (up to 10 s) for a successful exit.
+fn terminate(serve: &mut Serve) {
+    // SAFETY: kill with a valid pid of our own child and a valid signal number.
+    unsafe { libc::kill(serve.0.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = serve.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "svnic serve did not exit on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+}
+
+/// Runs `svnic serve args`, which must fail; returns its stderr.
+fn serve_must_fail(args: &[String]) -> String {
+    let mut child = Serve(
+        Command::new(BIN)
+            .arg("serve")
+            .args(args)
+            .env("RUST_LOG", "off")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "svnic serve {args:?} kept running"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(1), "{args:?}");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.0.stderr.take().unwrap(), &mut err).unwrap();
+    err
 }
 
 /// A `svnic serve` process, killed when dropped if still running.
@@ -97,7 +159,7 @@ fn serve_refuses_bad_configuration_naming_the_field_and_value() {
 
 #[test]
 fn serve_answers_ctl_and_shuts_down_cleanly_on_sigterm() {
-    let dir = tmpdir("serve");
+    let dir = tmpdir("serve", 0o700);
     let (s1, s2, admin) = (
         dir.join("vm1.sock"),
         dir.join("vm2.sock"),
@@ -158,20 +220,7 @@ fn serve_answers_ctl_and_shuts_down_cleanly_on_sigterm() {
     drop(g);
 
     // SIGTERM: a clean exit, sockets removed.
-    // SAFETY: kill with a valid pid of our own child and a valid signal number.
-    unsafe { libc::kill(serve.0.id() as i32, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(s) = serve.0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "svnic serve did not exit on SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert!(status.success(), "{status:?}");
+    terminate(&mut serve);
     for p in [&s1, &s2, &admin] {
         assert!(!p.exists(), "{} left behind", p.display());
     }
@@ -183,5 +232,148 @@ fn serve_answers_ctl_and_shuts_down_cleanly_on_sigterm() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("is `svnic serve` running?"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sockets_get_their_modes_whatever_the_umask_and_allow_lists_refuse_other_uids() {
+    let dir = tmpdir("modes", 0o755);
+    // Straight in /tmp (root's, sticky) as the README shows, and in a directory of our own.
+    let s1 = std::env::temp_dir().join(format!("svnic-cli-{}-vm1.sock", std::process::id()));
+    let (s2, admin) = (dir.join("vm2.sock"), dir.join("admin.sock"));
+    // Under umask 000 a socket bound the usual way would be 0777.
+    let child = Command::new("sh")
+        .arg("-c")
+        .arg("umask 000; exec \"$0\" \"$@\"")
+        .arg(BIN)
+        .arg("serve")
+        .arg("--guest")
+        .arg(format!(
+            "name=vm1,socket={},mac=52:54:00:c2:00:01",
+            s1.display()
+        ))
+        .arg("--guest")
+        .arg(format!(
+            "name=vm2,socket={},mac=52:54:00:c2:00:02,socket_mode=0666,allow_uids=0",
+            s2.display()
+        ))
+        .arg("--admin-socket")
+        .arg(&admin)
+        .args(["--admin-socket-mode", "0666", "--workers", "1"])
+        .env("RUST_LOG", "off")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut serve = Serve(child);
+    for p in [&s1, &s2, &admin] {
+        wait_for(p);
+    }
+    assert_eq!(
+        (mode_of(&s1), mode_of(&s2), mode_of(&admin)),
+        (0o600, 0o666, 0o666)
+    );
+    if is_root() {
+        // uid 65534 through `svnic ctl`, which connects to any socket and sends a line.
+        let as_nobody = |socket: &Path| {
+            Command::new(BIN)
+                .args(["ctl", "guests", "--admin-socket"])
+                .arg(socket)
+                .uid(65534)
+                .gid(65534)
+                .output()
+                .unwrap()
+        };
+        let out = as_nobody(&s1);
+        assert!(!out.status.success(), "0600 keeps other uids out");
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(err.contains("ermission denied"), "{err}");
+        // vm2's mode lets everyone connect; its allow-list lets only root in.
+        assert!(!as_nobody(&s2).status.success());
+        // The admin socket admits the daemon's uid and root only.
+        let out = as_nobody(&admin);
+        assert!(
+            !out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let guests: serde_json::Value =
+            serde_json::from_str(&ctl(&admin, &["guests", "--json"])).unwrap();
+        let refused: Vec<_> = guests["guests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["refused_peers"].as_u64().unwrap())
+            .collect();
+        assert_eq!(refused, [0, 1]);
+    } else {
+        eprintln!("skipped the uid checks: connecting as another uid needs root");
+    }
+    terminate(&mut serve);
+    assert!(!s1.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn serve_refuses_socket_paths_other_users_could_take_over() {
+    let dir = tmpdir("refuse", 0o700);
+    let serve_args = |socket: &Path, admin: &Path| {
+        vec![
+            "--guest".to_string(),
+            format!("name=vm1,socket={},mac=52:54:00:c3:00:01", socket.display()),
+            "--admin-socket".to_string(),
+            admin.display().to_string(),
+        ]
+    };
+    let guest = |socket: &Path| serve_args(socket, &dir.join("admin.sock"));
+    // A directory everyone may write to, without the sticky bit.
+    let open = dir.join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let err = serve_must_fail(&guest(&open.join("vm1.sock")));
+    assert!(
+        err.contains("writable by group or others") && err.contains(&*open.to_string_lossy()),
+        "{err}"
+    );
+    // Something that is not a socket.
+    let file = dir.join("file.sock");
+    std::fs::write(&file, b"").unwrap();
+    let err = serve_must_fail(&guest(&file));
+    assert!(err.contains("is not a socket"), "{err}");
+    // The admin socket follows the same rules.
+    let args = serve_args(&dir.join("vm1.sock"), &open.join("admin.sock"));
+    let err = serve_must_fail(&args);
+    assert!(
+        err.contains("admin socket") && err.contains("writable"),
+        "{err}"
+    );
+    assert!(
+        !dir.join("vm1.sock").exists(),
+        "the guest socket is removed again"
+    );
+    if is_root() {
+        // A socket another user left at the path.
+        let theirs = dir.join("theirs.sock");
+        drop(std::os::unix::net::UnixListener::bind(&theirs).unwrap());
+        std::os::unix::fs::lchown(&theirs, Some(65534), None).unwrap();
+        let err = serve_must_fail(&guest(&theirs));
+        assert!(
+            err.contains("does not own") && err.contains("65534"),
+            "{err}"
+        );
+        assert!(theirs.exists(), "their socket is left alone");
+    }
+    // A bad mode is a configuration error (exit 2) naming the field and the value.
+    let out = Command::new(BIN)
+        .args(["serve", "--guest"])
+        .arg(format!(
+            "name=vm1,socket={},mac=52:54:00:c3:00:01,socket_mode=0999",
+            dir.join("x.sock").display()
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("socket_mode") && err.contains("0999"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

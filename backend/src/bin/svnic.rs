@@ -28,7 +28,11 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
         /// A guest: name=NAME,socket=PATH,mac=MAC[,endpoints=A-B][,channels=N][,max_region_mib=M]
-        #[arg(long = "guest", value_name = "SPEC")]
+        /// [,socket_mode=0600][,socket_group=GID][,allow_uids=UID,UID...]. The socket's directory
+        /// must be owned by this user or root and not writable by others unless sticky (/tmp is
+        /// fine); socket_mode (default 0600) and socket_group decide who may connect, and
+        /// allow_uids, if given, refuses frontends of any other uid.
+        #[arg(long = "guest", value_name = "SPEC", verbatim_doc_comment)]
         guests: Vec<String>,
         /// Engine worker threads.
         #[arg(long)]
@@ -45,9 +49,16 @@ enum Command {
         /// Pin worker i to CPU i (and tell clients which CPU serves them).
         #[arg(long)]
         pin_workers: bool,
-        /// The operator socket for `svnic ctl`.
+        /// The operator socket for `svnic ctl` [default: /run/svnic/admin.sock; /run/svnic is
+        /// created 0700 if missing].
         #[arg(long, value_name = "PATH")]
         admin_socket: Option<PathBuf>,
+        /// The admin socket's mode (octal) [default: 0600].
+        #[arg(long, value_name = "MODE")]
+        admin_socket_mode: Option<String>,
+        /// A uid allowed on the admin socket besides this daemon's own and root (repeatable).
+        #[arg(long = "admin-allow-uid", value_name = "UID")]
+        admin_allow_uids: Vec<u32>,
     },
     /// Ask a running daemon: guests, channels, or engine counters.
     Ctl {
@@ -94,6 +105,8 @@ fn main() -> ExitCode {
             placement,
             pin_workers,
             admin_socket,
+            admin_socket_mode,
+            admin_allow_uids,
         } => {
             let overrides = EngineOverrides {
                 workers,
@@ -102,8 +115,12 @@ fn main() -> ExitCode {
                 pin_workers,
                 placement,
             };
-            let cfg = match DaemonConfig::load(config.as_deref(), &guests, &overrides, admin_socket)
-            {
+            let loaded = DaemonConfig::load(config.as_deref(), &guests, &overrides, admin_socket)
+                .and_then(|mut c| {
+                    c.override_admin(admin_socket_mode.as_deref(), &admin_allow_uids)?;
+                    Ok(c)
+                });
+            let cfg = match loaded {
                 Ok(c) => c,
                 Err(e) => {
                     eprintln!("svnic serve: {e}");

@@ -13,7 +13,7 @@
 //! socket.
 
 use std::io;
-use std::os::unix::fs::FileTypeExt;
+use std::os::fd::AsFd;
 use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -35,31 +35,16 @@ use super::device::{NetDevice, WAKE_EVENT};
 use super::port::{PortId, SwitchPort};
 use super::relay::Relay;
 use super::switch::Switch;
+use crate::sockets::{
+    bind_socket, next_connection, Backoff, PeerFilter, SocketAccess, SocketError, StopWatch,
+};
 
 /// Why a listener could not start or stopped with an error.
 #[derive(Debug, Error)]
 pub enum ListenerError {
-    /// The socket could not be bound.
-    #[error("cannot bind vhost-user socket {path}: {source}")]
-    Bind {
-        /// The socket path.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
-    /// Something that is not a socket is in the way.
-    #[error("{path} exists and is not a socket; remove it or choose another path")]
-    NotASocket {
-        /// The path.
-        path: PathBuf,
-    },
-    /// Another process serves the socket.
-    #[error("{path} is already served by another process")]
-    InUse {
-        /// The path.
-        path: PathBuf,
-    },
+    /// The socket could not be created at its path (see [`SocketError`] for the rules).
+    #[error("vhost-user socket: {0}")]
+    Socket(#[from] SocketError),
     /// The port is not on the switch.
     #[error("{0} has no switch port")]
     UnknownPort(PortId),
@@ -166,6 +151,8 @@ pub struct PortListener {
     listener: UnixListener,
     /// Set when we bound the path: the file is removed when the listener ends.
     path: Option<PathBuf>,
+    /// Which peer uids are served.
+    peers: PeerFilter,
     rendezvous: Rendezvous,
 }
 
@@ -201,37 +188,23 @@ impl Rendezvous {
 }
 
 impl PortListener {
-    /// Binds `path`. A stale socket file (nobody accepting on it) is replaced; a live one, or a
-    /// file that is not a socket, is an error.
+    /// Binds `path` with the default access (mode 0600, any peer uid that can reach it). See
+    /// [`Self::bind_with`].
     pub fn bind(path: impl AsRef<Path>) -> Result<Self, ListenerError> {
+        Self::bind_with(path, &SocketAccess::default())
+    }
+
+    /// Binds `path` with `access`'s mode, group and peer allow-list, under the rules of
+    /// [`crate::sockets::bind`]: a private or sticky directory, a stale socket of ours replaced,
+    /// anything else at the path refused.
+    pub fn bind_with(path: impl AsRef<Path>, access: &SocketAccess) -> Result<Self, ListenerError> {
         let path = path.as_ref();
-        match std::fs::symlink_metadata(path) {
-            Ok(meta) if meta.file_type().is_socket() => {
-                if UnixStream::connect(path).is_ok() {
-                    return Err(ListenerError::InUse { path: path.into() });
-                }
-                std::fs::remove_file(path).map_err(|source| ListenerError::Bind {
-                    path: path.into(),
-                    source,
-                })?;
-            }
-            Ok(_) => return Err(ListenerError::NotASocket { path: path.into() }),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(source) => {
-                return Err(ListenerError::Bind {
-                    path: path.into(),
-                    source,
-                })
-            }
-        }
         let rendezvous = Rendezvous::new()?;
-        let listener = UnixListener::bind(path).map_err(|source| ListenerError::Bind {
-            path: path.into(),
-            source,
-        })?;
+        let listener = bind_socket(path, access)?;
         Ok(PortListener {
             listener,
             path: Some(path.into()),
+            peers: PeerFilter::new(access.allow_uids.as_deref()),
             rendezvous,
         })
     }
@@ -242,6 +215,7 @@ impl PortListener {
         Ok(PortListener {
             listener,
             path: None,
+            peers: PeerFilter::default(),
             rendezvous: Rendezvous::new()?,
         })
     }
@@ -249,6 +223,11 @@ impl PortListener {
     /// The socket path, if this listener bound it.
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
+    }
+
+    /// Counts the connections refused by the peer allow-list; stays valid after [`Self::spawn`].
+    pub fn refused_peers(&self) -> Arc<AtomicU64> {
+        self.peers.refused_counter()
     }
 
     /// Serves `port` until `stop` is raised: one frontend connection at a time, each with a
@@ -262,18 +241,22 @@ impl PortListener {
         let id = port;
         switch.port(id).ok_or(ListenerError::UnknownPort(id))?;
         info!("{id}: vhost-user socket {:?} ready", self.path);
-        while wait_for_frontend(&self.listener, stop)
+        let is_stopped = || stop.is_stopped();
+        let watch = StopWatch {
+            fd: stop.inner.fd.as_raw_fd(),
+            is_stopped: &is_stopped,
+        };
+        let mut backoff = Backoff::default();
+        while let Some(frontend) =
+            next_connection(&mut backoff, self.listener.as_fd(), &watch, &id, || {
+                self.listener.accept().map(|(frontend, _)| frontend)
+            })
             .map_err(|source| ListenerError::Poll { port: id, source })?
         {
-            // Readable: a connection is queued, and only this thread accepts on this socket,
-            // so accept does not block.
-            let frontend = match self.listener.accept() {
-                Ok((frontend, _)) => frontend,
-                Err(e) => {
-                    warn!("{id}: cannot accept a frontend: {e}");
-                    continue;
-                }
-            };
+            // Refused peers are closed before a byte of theirs is read.
+            if !self.peers.admits(&frontend, &id) {
+                continue;
+            }
             // Looked up per connection: a port removed from the switch is no longer served.
             let Some(port) = switch.port(id) else {
                 refuse(id, "the port was removed from the switch");
@@ -403,43 +386,6 @@ impl Drop for PortListener {
 /// Logs why a frontend is not served; dropping its stream closes it.
 fn refuse(port: PortId, why: &str) {
     warn!("{port}: refusing a frontend: {why}");
-}
-
-/// Blocks until a frontend is waiting (true) or `stop` is raised (false).
-fn wait_for_frontend(listener: &UnixListener, stop: &StopSignal) -> io::Result<bool> {
-    loop {
-        if stop.is_stopped() {
-            return Ok(false);
-        }
-        let mut fds = [
-            libc::pollfd {
-                fd: listener.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: stop.inner.fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: `fds` is a valid array of two pollfd structures that outlives the call, and
-        // its length is passed with it.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if stop.is_stopped() {
-            return Ok(false);
-        }
-        if fds[0].revents != 0 {
-            return Ok(true);
-        }
-    }
 }
 
 /// Binds `socket` and serves `port` on a new thread until `stop` is raised; the socket file is

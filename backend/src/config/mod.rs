@@ -1,6 +1,6 @@
 //! Daemon configuration: guests (`--guest name=..,socket=..,mac=..` or `[[guest]]` in a TOML
-//! file) and engine settings. Everything is validated before anything starts; an error names
-//! the field and the value.
+//! file), who may reach their sockets, and engine settings. Everything is validated before
+//! anything starts; an error names the field and the value.
 
 use std::collections::HashSet;
 use std::ops::RangeInclusive;
@@ -13,6 +13,7 @@ use svnic_control::GuestPolicy;
 use thiserror::Error;
 
 use crate::engine::{EngineConfig, Placement};
+use crate::sockets::{parse_mode, SocketAccess, DEFAULT_SOCKET_MODE};
 
 /// A configuration error: what, where, and what is expected.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -70,6 +71,8 @@ pub struct GuestConfig {
     pub socket: PathBuf,
     /// Name, MACs, endpoint range, channel quota, region limit.
     pub policy: GuestPolicy,
+    /// The socket's mode and group, and the frontend uids allowed to connect.
+    pub access: SocketAccess,
 }
 
 /// The whole daemon configuration.
@@ -81,10 +84,52 @@ pub struct DaemonConfig {
     pub engine: EngineConfig,
     /// The operator socket `svnic ctl` talks to.
     pub admin_socket: PathBuf,
+    /// The admin socket's mode.
+    pub admin_socket_mode: u32,
+    /// Uids allowed on the admin socket besides the daemon's own and root.
+    pub admin_allow_uids: Vec<u32>,
 }
 
-/// Default admin socket path.
-pub const DEFAULT_ADMIN_SOCKET: &str = "/tmp/svnic-admin.sock";
+/// Default admin socket path, in the daemon's private directory
+/// [`DEFAULT_SOCKET_DIR`](crate::sockets::DEFAULT_SOCKET_DIR).
+pub const DEFAULT_ADMIN_SOCKET: &str = "/run/svnic/admin.sock";
+
+fn parse_socket_mode(context: &str, field: &str, s: &str) -> Result<u32, ConfigError> {
+    parse_mode(s).map_err(|expected| field_err(context, field, s, expected))
+}
+
+const ID_EXPECTED: &str = "a numeric id below 4294967295";
+
+/// A numeric uid or gid; (uid_t)-1 means "no id" to the kernel and is refused.
+fn parse_id(context: &str, field: &str, s: &str) -> Result<u32, ConfigError> {
+    let id = s
+        .trim()
+        .parse::<u32>()
+        .map_err(|_| field_err(context, field, s, ID_EXPECTED))?;
+    check_id(context, field, id)
+}
+
+fn check_id(context: &str, field: &str, id: u32) -> Result<u32, ConfigError> {
+    if id == u32::MAX {
+        return Err(field_err(context, field, &id.to_string(), ID_EXPECTED));
+    }
+    Ok(id)
+}
+
+fn check_ids(context: &str, field: &str, ids: &[u32]) -> Result<(), ConfigError> {
+    if ids.is_empty() {
+        return Err(field_err(
+            context,
+            field,
+            "",
+            "a non-empty list of numeric uids such as 0,107",
+        ));
+    }
+    for id in ids {
+        check_id(context, field, *id)?;
+    }
+    Ok(())
+}
 
 fn parse_endpoints(context: &str, s: &str) -> Result<RangeInclusive<u32>, ConfigError> {
     let bad = || field_err(context, "endpoints", s, "a range A-B of u32 with A <= B");
@@ -113,64 +158,80 @@ fn parse_mac(context: &str, s: &str) -> Result<MacAddr, ConfigError> {
 }
 
 impl GuestConfig {
-    /// Parses `name=NAME,socket=PATH,mac=MAC[,endpoints=A-B][,channels=N][,max_region_mib=M]`.
+    /// Parses `name=NAME,socket=PATH,mac=MAC[,endpoints=A-B][,channels=N][,max_region_mib=M]
+    /// [,socket_mode=0600][,socket_group=GID][,allow_uids=UID,UID...]`. The uids of
+    /// `allow_uids` continue over the following parts that have no `=`.
     pub fn parse_spec(spec: &str) -> Result<Self, ConfigError> {
         let ctx = format!("--guest {spec}");
-        let (mut name, mut socket, mut mac) = (None, None, None);
-        let (mut endpoints, mut channels, mut max_region) = (None, None, None);
+        let mut g = GuestFields::default();
+        let mut mac = None;
+        let mut last_key = "";
         for part in spec.split(',').filter(|p| !p.is_empty()) {
-            let (k, v) = part
-                .split_once('=')
-                .ok_or_else(|| field_err(&ctx, part, "", "key=value"))?;
+            let Some((k, v)) = part.split_once('=') else {
+                if last_key == "allow_uids" {
+                    let uid = parse_id(&ctx, "allow_uids", part)?;
+                    g.allow_uids.get_or_insert_with(Vec::new).push(uid);
+                    continue;
+                }
+                return Err(field_err(&ctx, part, "", "key=value"));
+            };
+            last_key = k;
             match k {
-                "name" => name = Some(v.to_string()),
-                "socket" => socket = Some(PathBuf::from(v)),
+                "name" => g.name = Some(v.to_string()),
+                "socket" => g.socket = Some(PathBuf::from(v)),
                 "mac" => mac = Some(parse_mac(&ctx, v)?),
-                "endpoints" => endpoints = Some(parse_endpoints(&ctx, v)?),
+                "endpoints" => g.endpoints = Some(parse_endpoints(&ctx, v)?),
                 "channels" => {
-                    channels = Some(
+                    g.channels = Some(
                         v.parse::<u32>()
                             .map_err(|_| field_err(&ctx, k, v, "a positive integer"))?,
                     )
                 }
                 "max_region_mib" => {
-                    max_region = Some(
+                    g.max_region_mib = Some(
                         v.parse::<u64>()
                             .map_err(|_| field_err(&ctx, k, v, "an integer (MiB)"))?,
                     )
+                }
+                "socket_mode" => g.socket_mode = Some(parse_socket_mode(&ctx, k, v)?),
+                "socket_group" => g.socket_group = Some(parse_id(&ctx, k, v)?),
+                "allow_uids" => {
+                    let list = g.allow_uids.get_or_insert_with(Vec::new);
+                    if !v.is_empty() {
+                        list.push(parse_id(&ctx, k, v)?);
+                    }
                 }
                 other => {
                     return Err(field_err(
                         &ctx,
                         other,
                         v,
-                        "one of name, socket, mac, endpoints, channels, max_region_mib",
+                        "one of name, socket, mac, endpoints, channels, max_region_mib, \
+                         socket_mode, socket_group, allow_uids",
                     ))
                 }
             }
         }
-        let name = name.ok_or_else(|| field_err(&ctx, "name", "", "required"))?;
-        let socket = socket.ok_or_else(|| field_err(&ctx, "socket", "", "required"))?;
+        let name = g
+            .name
+            .take()
+            .ok_or_else(|| field_err(&ctx, "name", "", "required"))?;
+        if g.socket.is_none() {
+            return Err(field_err(&ctx, "socket", "", "required"));
+        }
         let mac = mac.ok_or_else(|| field_err(&ctx, "mac", "", "required"))?;
-        Self::build(name, socket, mac, endpoints, channels, max_region)
+        Self::build(&ctx, name, mac, g)
     }
 
-    fn build(
-        name: String,
-        socket: PathBuf,
-        mac: MacAddr,
-        endpoints: Option<RangeInclusive<u32>>,
-        channels: Option<u32>,
-        max_region_mib: Option<u64>,
-    ) -> Result<Self, ConfigError> {
+    fn build(ctx: &str, name: String, mac: MacAddr, g: GuestFields) -> Result<Self, ConfigError> {
         let mut policy = GuestPolicy::new(name.clone(), mac);
-        if let Some(e) = endpoints {
+        if let Some(e) = g.endpoints {
             policy.endpoints = e;
         }
-        if let Some(c) = channels {
+        if let Some(c) = g.channels {
             policy.max_channels = c;
         }
-        if let Some(m) = max_region_mib {
+        if let Some(m) = g.max_region_mib {
             policy.max_region_len = m.saturating_mul(1 << 20);
         }
         policy.validate().map_err(|e| {
@@ -181,11 +242,37 @@ impl GuestConfig {
                 "a valid guest policy",
             )
         })?;
+        let socket = g.socket.unwrap_or_default();
         if socket.as_os_str().is_empty() {
             return Err(field_err(&name, "socket", "", "a path"));
         }
-        Ok(GuestConfig { socket, policy })
+        if let Some(uids) = &g.allow_uids {
+            check_ids(ctx, "allow_uids", uids)?;
+        }
+        let access = SocketAccess {
+            mode: g.socket_mode.unwrap_or(DEFAULT_SOCKET_MODE),
+            group: g.socket_group,
+            allow_uids: g.allow_uids,
+        };
+        Ok(GuestConfig {
+            socket,
+            policy,
+            access,
+        })
     }
+}
+
+/// The optional fields of a guest, from `--guest` or `[[guest]]`.
+#[derive(Default)]
+struct GuestFields {
+    name: Option<String>,
+    socket: Option<PathBuf>,
+    endpoints: Option<RangeInclusive<u32>>,
+    channels: Option<u32>,
+    max_region_mib: Option<u64>,
+    socket_mode: Option<u32>,
+    socket_group: Option<u32>,
+    allow_uids: Option<Vec<u32>>,
 }
 
 #[derive(Deserialize)]
@@ -197,6 +284,9 @@ struct FileGuest {
     endpoints: Option<String>,
     channels: Option<u32>,
     max_region_mib: Option<u64>,
+    socket_mode: Option<String>,
+    socket_group: Option<u32>,
+    allow_uids: Option<Vec<u32>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -214,6 +304,8 @@ struct FileEngine {
 #[serde(deny_unknown_fields)]
 struct FileConfig {
     admin_socket: Option<PathBuf>,
+    admin_socket_mode: Option<String>,
+    admin_allow_uids: Option<Vec<u32>>,
     #[serde(default)]
     engine: FileEngine,
     #[serde(default)]
@@ -278,14 +370,25 @@ impl DaemonConfig {
                 .as_deref()
                 .map(|e| parse_endpoints(&ctx, e))
                 .transpose()?;
-            guests.push(GuestConfig::build(
-                g.name,
-                g.socket,
-                mac,
+            let socket_mode = g
+                .socket_mode
+                .as_deref()
+                .map(|m| parse_socket_mode(&ctx, "socket_mode", m))
+                .transpose()?;
+            if let Some(gid) = g.socket_group {
+                check_id(&ctx, "socket_group", gid)?;
+            }
+            let fields = GuestFields {
+                name: None,
+                socket: Some(g.socket),
                 endpoints,
-                g.channels,
-                g.max_region_mib,
-            )?);
+                channels: g.channels,
+                max_region_mib: g.max_region_mib,
+                socket_mode,
+                socket_group: g.socket_group,
+                allow_uids: g.allow_uids,
+            };
+            guests.push(GuestConfig::build(&ctx, g.name, mac, fields)?);
         }
         for spec in guest_specs {
             guests.push(GuestConfig::parse_spec(spec)?);
@@ -316,13 +419,56 @@ impl DaemonConfig {
         engine
             .validate()
             .map_err(|e| field_err(ctx, e.field, &e.value, e.expected))?;
-        Ok(DaemonConfig {
+        let mut config = DaemonConfig {
             guests,
             engine,
             admin_socket: admin_socket
                 .or(parsed.admin_socket)
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_ADMIN_SOCKET)),
-        })
+            admin_socket_mode: DEFAULT_SOCKET_MODE,
+            admin_allow_uids: Vec::new(),
+        };
+        let file_ctx = file.map_or_else(|| "config".to_string(), |f| f.display().to_string());
+        if let Some(mode) = parsed.admin_socket_mode.as_deref() {
+            config.admin_socket_mode = parse_socket_mode(&file_ctx, "admin_socket_mode", mode)?;
+        }
+        if let Some(uids) = parsed.admin_allow_uids {
+            check_ids(&file_ctx, "admin_allow_uids", &uids)?;
+            config.admin_allow_uids = uids;
+        }
+        Ok(config)
+    }
+
+    /// Applies the admin socket settings of the command line (each replaces the file's).
+    pub fn override_admin(
+        &mut self,
+        mode: Option<&str>,
+        allow_uids: &[u32],
+    ) -> Result<(), ConfigError> {
+        if let Some(mode) = mode {
+            self.admin_socket_mode = parse_socket_mode("--admin-socket-mode", "mode", mode)?;
+        }
+        if !allow_uids.is_empty() {
+            check_ids("--admin-allow-uid", "uid", allow_uids)?;
+            self.admin_allow_uids = allow_uids.to_vec();
+        }
+        Ok(())
+    }
+
+    /// Who may use the admin socket: its mode, and the daemon's own uid, root and the
+    /// configured uids.
+    pub fn admin_access(&self) -> SocketAccess {
+        let mut uids = vec![crate::sockets::bind::effective_uid(), 0];
+        for uid in &self.admin_allow_uids {
+            if !uids.contains(uid) {
+                uids.push(*uid);
+            }
+        }
+        SocketAccess {
+            mode: self.admin_socket_mode,
+            group: None,
+            allow_uids: Some(uids),
+        }
     }
 }
 
@@ -351,104 +497,4 @@ fn check_unique(guests: &[GuestConfig]) -> Result<(), ConfigError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn load(specs: &[&str]) -> Result<DaemonConfig, ConfigError> {
-        let specs: Vec<String> = specs.iter().map(|s| s.to_string()).collect();
-        DaemonConfig::load(None, &specs, &EngineOverrides::default(), None)
-    }
-
-    #[test]
-    fn a_full_guest_spec_parses() {
-        let c =
-            load(&["name=vm1,socket=/tmp/a.sock,mac=52:54:00:00:00:01,endpoints=10-20,channels=4"])
-                .unwrap();
-        let g = &c.guests[0];
-        assert_eq!(g.policy.name, "vm1");
-        assert_eq!(g.socket, PathBuf::from("/tmp/a.sock"));
-        assert_eq!(g.policy.endpoints, 10..=20);
-        assert_eq!(g.policy.max_channels, 4);
-    }
-
-    #[test]
-    fn each_bad_field_is_named_with_its_value() {
-        let cases = [
-            ("name=a,socket=/s,mac=zz", "mac"),
-            ("name=a,socket=/s,mac=ff:ff:ff:ff:ff:ff", "mac"),
-            (
-                "name=a,socket=/s,mac=52:54:00:00:00:01,endpoints=9-1",
-                "endpoints",
-            ),
-            (
-                "name=a,socket=/s,mac=52:54:00:00:00:01,channels=x",
-                "channels",
-            ),
-            (
-                "name=a,socket=/s,mac=52:54:00:00:00:01,colour=blue",
-                "colour",
-            ),
-            ("socket=/s,mac=52:54:00:00:00:01", "name"),
-            ("name=a,mac=52:54:00:00:00:01", "socket"),
-            (
-                "name=a,socket=/s,mac=52:54:00:00:00:01,channels=0",
-                "policy",
-            ),
-        ];
-        for (spec, field) in cases {
-            match load(&[spec]) {
-                Err(ConfigError::Field { field: f, .. }) => assert_eq!(f, field, "{spec}"),
-                other => panic!("{spec}: {other:?}"),
-            }
-        }
-    }
-
-    #[test]
-    fn duplicates_and_emptiness_are_refused() {
-        assert_eq!(load(&[]).unwrap_err(), ConfigError::NoGuests);
-        let e = load(&[
-            "name=a,socket=/1,mac=52:54:00:00:00:01",
-            "name=b,socket=/2,mac=52:54:00:00:00:01",
-        ]);
-        assert!(matches!(e, Err(ConfigError::Duplicate { what: "mac", .. })));
-        let e = load(&[
-            "name=a,socket=/1,mac=52:54:00:00:00:01",
-            "name=b,socket=/1,mac=52:54:00:00:00:02",
-        ]);
-        assert!(matches!(
-            e,
-            Err(ConfigError::Duplicate { what: "socket", .. })
-        ));
-    }
-
-    #[test]
-    fn a_toml_file_with_engine_settings_loads_and_unknown_keys_fail() {
-        let dir = std::env::temp_dir().join(format!("svnic-cfg-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let good = dir.join("good.toml");
-        std::fs::write(
-            &good,
-            "admin_socket = \"/tmp/x.sock\"\n[engine]\nworkers = 2\nbackpressure_wait_ms = 5\nplacement = \"least-loaded\"\n\
-             [[guest]]\nname = \"vm1\"\nsocket = \"/tmp/vm1.sock\"\nmac = \"52:54:00:00:00:01\"\nchannels = 3\n",
-        )
-        .unwrap();
-        let c = DaemonConfig::load(Some(&good), &[], &EngineOverrides::default(), None).unwrap();
-        assert_eq!(c.engine.workers, 2);
-        assert_eq!(c.engine.placement, Placement::LeastLoaded);
-        assert_eq!(c.engine.backpressure_wait, Duration::from_millis(5));
-        assert_eq!(c.admin_socket, PathBuf::from("/tmp/x.sock"));
-        assert_eq!(c.guests[0].policy.max_channels, 3);
-        let bad = dir.join("bad.toml");
-        std::fs::write(&bad, "[engine]\nworkerz = 2\n").unwrap();
-        let e = DaemonConfig::load(Some(&bad), &[], &EngineOverrides::default(), None).unwrap_err();
-        assert!(e.to_string().contains("workerz"), "{e}");
-        let bad = dir.join("bad2.toml");
-        std::fs::write(&bad, "[engine]\nworkers = 0\n[[guest]]\nname=\"a\"\nsocket=\"/a\"\nmac=\"52:54:00:00:00:01\"\n").unwrap();
-        let e = DaemonConfig::load(Some(&bad), &[], &EngineOverrides::default(), None).unwrap_err();
-        assert!(
-            matches!(e, ConfigError::Field { ref field, .. } if field == "workers"),
-            "{e}"
-        );
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-}
+mod tests;

@@ -1,17 +1,21 @@
 //! The operator's view of a running daemon: a local Unix socket speaking one JSON request per
-//! line and one JSON response per line, and the `svnic ctl` client that prints it as tables
-//! (or as JSON for scripts).
+//! line and one JSON response per line ([`server`]), and the `svnic ctl` client that prints it
+//! as tables (or as JSON for scripts).
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
 use std::time::Duration;
 
-use log::{info, warn};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+
+mod server;
+
+pub use server::{
+    AdminCounters, AdminOptions, AdminServer, ADMIN_IO_TIMEOUT, MAX_ADMIN_CONNECTIONS,
+    MAX_REQUEST_LINE,
+};
 
 /// A request to the admin socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -44,6 +48,9 @@ pub struct GuestView {
     pub frames_out: u64,
     /// Frames dropped (spoofed source, unknown destination, full queue, bad descriptors).
     pub drops: u64,
+    /// Frontends refused by the socket's uid allow-list.
+    #[serde(default)]
+    pub refused_peers: u64,
 }
 
 /// One channel, as the operator sees it.
@@ -160,85 +167,6 @@ pub enum AdminError {
     Json(#[from] serde_json::Error),
 }
 
-/// A running admin server; stops (and removes its socket) when dropped.
-#[derive(Debug)]
-pub struct AdminServer {
-    path: PathBuf,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl AdminServer {
-    /// Binds `path` (replacing a stale socket file) and serves `source` on a thread.
-    pub fn start(path: &Path, source: Arc<dyn AdminSource>) -> std::io::Result<Self> {
-        if path.exists() {
-            std::fs::remove_file(path)?;
-        }
-        let listener = UnixListener::bind(path)?;
-        listener.set_nonblocking(true)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop2 = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("svnic-admin".into())
-            .spawn(move || {
-                while !stop2.load(Ordering::Acquire) {
-                    match listener.accept() {
-                        Ok((stream, _)) => {
-                            if let Err(e) = serve_one(stream, &*source) {
-                                warn!("admin connection: {e}");
-                            }
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            std::thread::sleep(Duration::from_millis(20))
-                        }
-                        Err(e) => {
-                            warn!("admin socket accept: {e}");
-                            std::thread::sleep(Duration::from_millis(100));
-                        }
-                    }
-                }
-            })?;
-        info!("admin socket at {}", path.display());
-        Ok(AdminServer {
-            path: path.to_path_buf(),
-            stop,
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for AdminServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-fn serve_one(stream: UnixStream, source: &dyn AdminSource) -> std::io::Result<()> {
-    stream.set_nonblocking(false)?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let mut reader = BufReader::new(stream.try_clone()?);
-    let mut writer = stream;
-    let mut line = String::new();
-    // One bounded request line; anything longer is not a request of ours.
-    let n = reader.by_ref().take(4096).read_line(&mut line)?;
-    if n == 0 {
-        return Ok(());
-    }
-    let response = match serde_json::from_str::<AdminRequest>(line.trim()) {
-        Ok(req) => source.answer(req),
-        Err(e) => AdminResponse::Error {
-            message: format!("bad request: {e}"),
-        },
-    };
-    let mut out = serde_json::to_vec(&response).map_err(std::io::Error::other)?;
-    out.push(b'\n');
-    writer.write_all(&out)
-}
-
 /// Client side: sends `req` to the daemon at `path` and returns its answer.
 pub fn query(path: &Path, req: AdminRequest) -> Result<AdminResponse, AdminError> {
     let mut stream = UnixStream::connect(path).map_err(|source| AdminError::Connect {
@@ -301,6 +229,7 @@ pub fn render(resp: &AdminResponse) -> String {
                 "FRAMES-IN",
                 "FRAMES-OUT",
                 "DROPS",
+                "REFUSED",
             ],
             &guests
                 .iter()
@@ -314,6 +243,7 @@ pub fn render(resp: &AdminResponse) -> String {
                         g.frames_in.to_string(),
                         g.frames_out.to_string(),
                         g.drops.to_string(),
+                        g.refused_peers.to_string(),
                     ]
                 })
                 .collect::<Vec<_>>(),
@@ -392,6 +322,7 @@ pub fn render(resp: &AdminResponse) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     struct Fixed;
     impl AdminSource for Fixed {
@@ -407,6 +338,7 @@ mod tests {
                         frames_in: 10,
                         frames_out: 11,
                         drops: 0,
+                        refused_peers: 0,
                     }],
                 },
                 _ => AdminResponse::Error {
@@ -420,7 +352,7 @@ mod tests {
     fn a_request_round_trips_over_the_socket_and_renders() {
         let path =
             std::env::temp_dir().join(format!("svnic-admin-test-{}.sock", std::process::id()));
-        let server = AdminServer::start(&path, Arc::new(Fixed)).unwrap();
+        let server = AdminServer::start(&path, Arc::new(Fixed), &AdminOptions::default()).unwrap();
         let resp = query(&path, AdminRequest::Guests).unwrap();
         let text = render(&resp);
         assert!(

@@ -1,0 +1,224 @@
+//! Configuration parsing: each field, each error, the file and the command line.
+
+use super::*;
+use crate::sockets::DEFAULT_SOCKET_DIR;
+
+fn load(specs: &[&str]) -> Result<DaemonConfig, ConfigError> {
+    let specs: Vec<String> = specs.iter().map(|s| s.to_string()).collect();
+    DaemonConfig::load(None, &specs, &EngineOverrides::default(), None)
+}
+
+#[test]
+fn a_full_guest_spec_parses() {
+    let c = load(&["name=vm1,socket=/tmp/a.sock,mac=52:54:00:00:00:01,endpoints=10-20,channels=4"])
+        .unwrap();
+    let g = &c.guests[0];
+    assert_eq!(g.policy.name, "vm1");
+    assert_eq!(g.socket, PathBuf::from("/tmp/a.sock"));
+    assert_eq!(g.policy.endpoints, 10..=20);
+    assert_eq!(g.policy.max_channels, 4);
+}
+
+#[test]
+fn each_bad_field_is_named_with_its_value() {
+    let cases = [
+        ("name=a,socket=/s,mac=zz", "mac"),
+        ("name=a,socket=/s,mac=ff:ff:ff:ff:ff:ff", "mac"),
+        (
+            "name=a,socket=/s,mac=52:54:00:00:00:01,endpoints=9-1",
+            "endpoints",
+        ),
+        (
+            "name=a,socket=/s,mac=52:54:00:00:00:01,channels=x",
+            "channels",
+        ),
+        (
+            "name=a,socket=/s,mac=52:54:00:00:00:01,colour=blue",
+            "colour",
+        ),
+        ("socket=/s,mac=52:54:00:00:00:01", "name"),
+        ("name=a,mac=52:54:00:00:00:01", "socket"),
+        (
+            "name=a,socket=/s,mac=52:54:00:00:00:01,channels=0",
+            "policy",
+        ),
+    ];
+    for (spec, field) in cases {
+        match load(&[spec]) {
+            Err(ConfigError::Field { field: f, .. }) => assert_eq!(f, field, "{spec}"),
+            other => panic!("{spec}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn socket_access_fields_parse_from_a_spec() {
+    let c = load(&[
+        "name=vm1,socket=/tmp/a.sock,allow_uids=0,107,mac=52:54:00:00:00:01,socket_mode=0660,socket_group=107",
+        "name=vm2,socket=/tmp/b.sock,mac=52:54:00:00:00:02",
+    ])
+    .unwrap();
+    let a = &c.guests[0].access;
+    assert_eq!(
+        (a.mode, a.group, a.allow_uids.as_deref()),
+        (0o660, Some(107), Some(&[0, 107][..]))
+    );
+    assert_eq!(c.guests[1].access, SocketAccess::default());
+    assert_eq!(c.guests[1].access.mode, 0o600);
+    assert_eq!(c.admin_socket, PathBuf::from(DEFAULT_ADMIN_SOCKET));
+    assert_eq!(
+        PathBuf::from(DEFAULT_ADMIN_SOCKET).parent(),
+        Some(Path::new(DEFAULT_SOCKET_DIR))
+    );
+}
+
+#[test]
+fn each_bad_socket_access_field_is_named_with_its_value() {
+    let base = "name=a,socket=/s,mac=52:54:00:00:00:01";
+    let cases = [
+        (",socket_mode=0777x", "socket_mode", "0777x"),
+        (",socket_mode=1777", "socket_mode", "1777"),
+        (",socket_mode=0066", "socket_mode", "0066"),
+        (",socket_group=wheel", "socket_group", "wheel"),
+        (",socket_group=4294967295", "socket_group", "4294967295"),
+        (",allow_uids=", "allow_uids", ""),
+        (",allow_uids=0,root", "allow_uids", "root"),
+        (",allow_uids=-1", "allow_uids", "-1"),
+    ];
+    for (extra, field, value) in cases {
+        let spec = format!("{base}{extra}");
+        match load(&[&spec]) {
+            Err(ConfigError::Field {
+                field: f, value: v, ..
+            }) => assert_eq!((f.as_str(), v.as_str()), (field, value), "{spec}"),
+            other => panic!("{spec}: {other:?}"),
+        }
+    }
+    // A part without `=` is only a uid right after allow_uids.
+    match load(&[&format!("{base},channels=3,7")]) {
+        Err(ConfigError::Field { field, .. }) => assert_eq!(field, "7"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn socket_access_and_admin_settings_load_from_a_toml_file() {
+    let dir = std::env::temp_dir().join(format!("svnic-cfg-access-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let guest =
+        "[[guest]]\nname = \"vm1\"\nsocket = \"/tmp/vm1.sock\"\nmac = \"52:54:00:00:00:01\"\n";
+    let good = dir.join("good.toml");
+    std::fs::write(
+        &good,
+        format!("admin_socket_mode = \"0660\"\nadmin_allow_uids = [1000]\n{guest}socket_mode = \"0660\"\nsocket_group = 107\nallow_uids = [0, 107]\n"),
+    )
+    .unwrap();
+    let mut c = DaemonConfig::load(Some(&good), &[], &EngineOverrides::default(), None).unwrap();
+    let a = &c.guests[0].access;
+    assert_eq!(
+        (a.mode, a.group, a.allow_uids.as_deref()),
+        (0o660, Some(107), Some(&[0, 107][..]))
+    );
+    assert_eq!(
+        (c.admin_socket_mode, &c.admin_allow_uids[..]),
+        (0o660, &[1000][..])
+    );
+    let admin = c.admin_access();
+    let uids = admin.allow_uids.unwrap();
+    assert!(uids.contains(&0) && uids.contains(&1000), "{uids:?}");
+    assert!(uids.contains(&crate::sockets::bind::effective_uid()));
+    // The command line replaces the file's admin settings, validated the same way.
+    c.override_admin(Some("0600"), &[2000]).unwrap();
+    assert_eq!(
+        (c.admin_socket_mode, &c.admin_allow_uids[..]),
+        (0o600, &[2000][..])
+    );
+    let e = c.override_admin(Some("0999"), &[]).unwrap_err();
+    assert!(
+        matches!(e, ConfigError::Field { ref value, .. } if value == "0999"),
+        "{e}"
+    );
+    let e = c.override_admin(None, &[u32::MAX]).unwrap_err();
+    assert!(
+        matches!(e, ConfigError::Field { ref field, .. } if field == "uid"),
+        "{e}"
+    );
+    let bad_cases = [
+        (format!("{guest}socket_mode = \"0800\"\n"), "socket_mode"),
+        (format!("{guest}socket_mode = 600\n"), "socket_mode"),
+        (
+            format!("{guest}socket_group = 4294967295\n"),
+            "socket_group",
+        ),
+        (format!("{guest}allow_uids = []\n"), "allow_uids"),
+        (format!("{guest}allow_uids = [-1]\n"), "allow_uids"),
+        (
+            format!("admin_socket_mode = \"7\"\n{guest}"),
+            "admin_socket_mode",
+        ),
+        (
+            format!("admin_allow_uids = []\n{guest}"),
+            "admin_allow_uids",
+        ),
+    ];
+    for (i, (text, field)) in bad_cases.iter().enumerate() {
+        let bad = dir.join(format!("bad{i}.toml"));
+        std::fs::write(&bad, text).unwrap();
+        let e = DaemonConfig::load(Some(&bad), &[], &EngineOverrides::default(), None).unwrap_err();
+        assert!(e.to_string().contains(field), "{text}: {e}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn duplicates_and_emptiness_are_refused() {
+    assert_eq!(load(&[]).unwrap_err(), ConfigError::NoGuests);
+    let e = load(&[
+        "name=a,socket=/1,mac=52:54:00:00:00:01",
+        "name=b,socket=/2,mac=52:54:00:00:00:01",
+    ]);
+    assert!(matches!(e, Err(ConfigError::Duplicate { what: "mac", .. })));
+    let e = load(&[
+        "name=a,socket=/1,mac=52:54:00:00:00:01",
+        "name=b,socket=/1,mac=52:54:00:00:00:02",
+    ]);
+    assert!(matches!(
+        e,
+        Err(ConfigError::Duplicate { what: "socket", .. })
+    ));
+}
+
+#[test]
+fn a_toml_file_with_engine_settings_loads_and_unknown_keys_fail() {
+    let dir = std::env::temp_dir().join(format!("svnic-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("good.toml");
+    std::fs::write(
+        &good,
+        "admin_socket = \"/tmp/x.sock\"\n[engine]\nworkers = 2\nbackpressure_wait_ms = 5\nplacement = \"least-loaded\"\n\
+         [[guest]]\nname = \"vm1\"\nsocket = \"/tmp/vm1.sock\"\nmac = \"52:54:00:00:00:01\"\nchannels = 3\n",
+    )
+    .unwrap();
+    let c = DaemonConfig::load(Some(&good), &[], &EngineOverrides::default(), None).unwrap();
+    assert_eq!(c.engine.workers, 2);
+    assert_eq!(c.engine.placement, Placement::LeastLoaded);
+    assert_eq!(c.engine.backpressure_wait, Duration::from_millis(5));
+    assert_eq!(c.admin_socket, PathBuf::from("/tmp/x.sock"));
+    assert_eq!(c.guests[0].policy.max_channels, 3);
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "[engine]\nworkerz = 2\n").unwrap();
+    let e = DaemonConfig::load(Some(&bad), &[], &EngineOverrides::default(), None).unwrap_err();
+    assert!(e.to_string().contains("workerz"), "{e}");
+    let bad = dir.join("bad2.toml");
+    std::fs::write(
+        &bad,
+        "[engine]\nworkers = 0\n[[guest]]\nname=\"a\"\nsocket=\"/a\"\nmac=\"52:54:00:00:00:01\"\n",
+    )
+    .unwrap();
+    let e = DaemonConfig::load(Some(&bad), &[], &EngineOverrides::default(), None).unwrap_err();
+    assert!(
+        matches!(e, ConfigError::Field { ref field, .. } if field == "workers"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

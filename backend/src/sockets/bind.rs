@@ -1,0 +1,473 @@
+//! Creating a listening socket other local users can neither pre-empt nor reach unless allowed.
+//!
+//! Rules, checked before every bind:
+//! - the socket's directory exists (the default [`DEFAULT_SOCKET_DIR`] is created 0700), is
+//!   owned by the daemon's euid or root, and is not writable by group or others unless sticky:
+//!   otherwise another user could replace the socket and receive a guest's memory;
+//! - a file already at the path must be a socket of the daemon's euid that nobody serves (a
+//!   stale socket, replaced); anything else is refused;
+//! - the socket gets its mode (and group) between bind and listen, so the umask never decides
+//!   who may connect and nobody can connect before it is set.
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+/// The directory of the default admin socket; created 0700 when missing.
+pub const DEFAULT_SOCKET_DIR: &str = "/run/svnic";
+/// The mode of a socket unless configured otherwise: the daemon's user only.
+pub const DEFAULT_SOCKET_MODE: u32 = 0o600;
+/// Connections waiting to be accepted.
+const BACKLOG: libc::c_int = 128;
+
+/// Who may connect to a socket: its file mode and group, and optionally the peer uids accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SocketAccess {
+    /// Permission bits of the socket file (at most 0777, owner read and write included).
+    pub mode: u32,
+    /// Group of the socket file; `None` keeps the daemon's group.
+    pub group: Option<u32>,
+    /// Peer uids accepted (`SO_PEERCRED`); `None` accepts whoever can reach the socket.
+    pub allow_uids: Option<Vec<u32>>,
+}
+
+impl Default for SocketAccess {
+    fn default() -> Self {
+        SocketAccess {
+            mode: DEFAULT_SOCKET_MODE,
+            group: None,
+            allow_uids: None,
+        }
+    }
+}
+
+/// Parses an octal socket mode such as `0600` or `0660`; the error says what is expected.
+pub fn parse_mode(s: &str) -> Result<u32, &'static str> {
+    const EXPECTED: &str = "an octal mode such as 0600 or 0660 (at most 0777)";
+    let digits = s.strip_prefix("0o").unwrap_or(s);
+    if digits.is_empty() || digits.len() > 4 || !digits.bytes().all(|b| (b'0'..=b'7').contains(&b))
+    {
+        return Err(EXPECTED);
+    }
+    let mode = u32::from_str_radix(digits, 8).map_err(|_| EXPECTED)?;
+    if mode > 0o777 {
+        return Err(EXPECTED);
+    }
+    if mode & 0o600 != 0o600 {
+        return Err("a mode that lets the owner read and write (0600 at least)");
+    }
+    Ok(mode)
+}
+
+/// Why a socket could not be created where asked.
+#[derive(Debug, Error)]
+pub enum SocketError {
+    /// The directory is missing (or is not a directory).
+    #[error("{path}: the directory {dir} does not exist or is not a directory; create it (mode 0700) or choose another path")]
+    NoDirectory {
+        /// The socket path.
+        path: PathBuf,
+        /// Its directory.
+        dir: PathBuf,
+    },
+    /// Someone other than the daemon's user or root owns the directory.
+    #[error("{path}: the directory {dir} is owned by uid {owner}, not by this daemon (uid {euid}) or root, so its owner could replace the socket; choose a directory of your own such as {DEFAULT_SOCKET_DIR}")]
+    DirectoryNotOurs {
+        /// The socket path.
+        path: PathBuf,
+        /// Its directory.
+        dir: PathBuf,
+        /// The directory's owner.
+        owner: u32,
+        /// The daemon's effective uid.
+        euid: u32,
+    },
+    /// Other users may create and remove files in the directory.
+    #[error("{path}: the directory {dir} (mode {mode:04o}) is writable by group or others without the sticky bit, so they could replace the socket; use a private directory such as {DEFAULT_SOCKET_DIR}")]
+    DirectoryWritable {
+        /// The socket path.
+        path: PathBuf,
+        /// Its directory.
+        dir: PathBuf,
+        /// The directory's mode bits.
+        mode: u32,
+    },
+    /// Something that is not a socket is at the path.
+    #[error("{path} exists and is not a socket; remove it or choose another path")]
+    NotASocket {
+        /// The path.
+        path: PathBuf,
+    },
+    /// A socket of another user is at the path.
+    #[error("{path} is a socket owned by uid {owner}, not by this daemon (uid {euid}); svnic serve does not take over a path it does not own")]
+    NotOurs {
+        /// The path.
+        path: PathBuf,
+        /// The socket's owner.
+        owner: u32,
+        /// The daemon's effective uid.
+        euid: u32,
+    },
+    /// A live socket is at the path.
+    #[error("{path} is already served by another process")]
+    InUse {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The path does not fit in a Unix socket address.
+    #[error("{path}: a Unix socket path may have at most {max} bytes, this one has {len}")]
+    PathTooLong {
+        /// The path.
+        path: PathBuf,
+        /// Its length in bytes.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A system call failed.
+    #[error("{path}: cannot {op}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// What was being done.
+        op: &'static str,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(io::Error) -> SocketError + 'a {
+    move |source| SocketError::Io {
+        path: path.into(),
+        op,
+        source,
+    }
+}
+
+/// The daemon's effective uid.
+pub fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Binds and listens on `path` with `access`'s mode and group, after checking the rules of this
+/// module. The peer allow-list is applied by whoever accepts (see [`super::PeerFilter`]).
+pub fn bind_socket(path: &Path, access: &SocketAccess) -> Result<UnixListener, SocketError> {
+    let euid = effective_uid();
+    check_directory(path, euid)?;
+    clear_stale(path, euid)?;
+    bind_with_mode(path, access)
+}
+
+fn directory_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    }
+}
+
+/// Creates `dir` with mode 0700 whatever the umask; an existing directory is left as it is.
+pub fn ensure_private_dir(dir: &Path) -> io::Result<()> {
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+fn check_directory(path: &Path, euid: u32) -> Result<(), SocketError> {
+    let dir = directory_of(path);
+    if dir == Path::new(DEFAULT_SOCKET_DIR) {
+        ensure_private_dir(dir).map_err(io_err(
+            path,
+            "create the directory /run/svnic (without root, choose a directory of your own)",
+        ))?;
+    }
+    let meta = match std::fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => meta,
+        Ok(_) => {
+            return Err(SocketError::NoDirectory {
+                path: path.into(),
+                dir: dir.into(),
+            })
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(SocketError::NoDirectory {
+                path: path.into(),
+                dir: dir.into(),
+            })
+        }
+        Err(e) => return Err(io_err(path, "inspect its directory")(e)),
+    };
+    if meta.uid() != euid && meta.uid() != 0 {
+        return Err(SocketError::DirectoryNotOurs {
+            path: path.into(),
+            dir: dir.into(),
+            owner: meta.uid(),
+            euid,
+        });
+    }
+    let mode = meta.mode() & 0o7777;
+    let sticky = mode & libc::S_ISVTX != 0;
+    if mode & 0o022 != 0 && !sticky {
+        return Err(SocketError::DirectoryWritable {
+            path: path.into(),
+            dir: dir.into(),
+            mode,
+        });
+    }
+    Ok(())
+}
+
+/// Removes a stale socket of ours at `path`; refuses anything else that is there.
+fn clear_stale(path: &Path, euid: u32) -> Result<(), SocketError> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_err(path, "inspect the path")(e)),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(SocketError::NotASocket { path: path.into() });
+    }
+    if meta.uid() != euid {
+        return Err(SocketError::NotOurs {
+            path: path.into(),
+            owner: meta.uid(),
+            euid,
+        });
+    }
+    if UnixStream::connect(path).is_ok() {
+        return Err(SocketError::InUse { path: path.into() });
+    }
+    std::fs::remove_file(path).map_err(io_err(path, "remove the stale socket"))
+}
+
+pub(crate) fn socket_address(
+    path: &Path,
+) -> Result<(libc::sockaddr_un, libc::socklen_t), SocketError> {
+    // SAFETY: sockaddr_un is plain data for which all zeroes is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = OsStr::as_bytes(path.as_os_str());
+    // One byte stays for the terminating NUL.
+    let max = addr.sun_path.len().saturating_sub(1);
+    if bytes.len() > max || bytes.is_empty() {
+        return Err(SocketError::PathTooLong {
+            path: path.into(),
+            len: bytes.len(),
+            max,
+        });
+    }
+    for (slot, byte) in addr.sun_path.iter_mut().zip(bytes) {
+        *slot = *byte as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1;
+    let len = libc::socklen_t::try_from(len).map_err(|_| SocketError::PathTooLong {
+        path: path.into(),
+        len: bytes.len(),
+        max,
+    })?;
+    Ok((addr, len))
+}
+
+/// socket, bind, chown/chmod, listen: the mode is set before anyone can connect.
+fn bind_with_mode(path: &Path, access: &SocketAccess) -> Result<UnixListener, SocketError> {
+    let (addr, len) = socket_address(path)?;
+    // SAFETY: socket has no memory preconditions; its result is checked below.
+    let raw = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(io_err(path, "create a socket")(io::Error::last_os_error()));
+    }
+    // SAFETY: `raw` is a descriptor just returned by socket, owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let addr_ptr: *const libc::sockaddr_un = &addr;
+    // SAFETY: addr_ptr points to an initialised sockaddr_un living across the call, and `len`
+    // does not exceed its size.
+    let r = unsafe { libc::bind(fd.as_raw_fd(), addr_ptr.cast::<libc::sockaddr>(), len) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EADDRINUSE) {
+            // Someone created the path between our check and the bind.
+            return Err(SocketError::InUse { path: path.into() });
+        }
+        return Err(io_err(path, "bind")(e));
+    }
+    let finish = || -> Result<(), SocketError> {
+        if let Some(gid) = access.group {
+            std::os::unix::fs::lchown(path, None, Some(gid))
+                .map_err(io_err(path, "set the socket's group"))?;
+        }
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(access.mode))
+            .map_err(io_err(path, "set the socket's mode"))?;
+        // SAFETY: fd is a bound socket we own; listen has no memory preconditions.
+        if unsafe { libc::listen(fd.as_raw_fd(), BACKLOG) } < 0 {
+            return Err(io_err(path, "listen")(io::Error::last_os_error()));
+        }
+        Ok(())
+    };
+    if let Err(e) = finish() {
+        let _ = std::fs::remove_file(path);
+        return Err(e);
+    }
+    Ok(UnixListener::from(fd))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sockets::test_support::{is_root, private_dir};
+
+    fn mode_of(path: &Path) -> u32 {
+        std::fs::symlink_metadata(path).unwrap().mode() & 0o7777
+    }
+
+    #[test]
+    fn modes_parse_as_octal_and_bad_ones_are_refused() {
+        assert_eq!(parse_mode("0600"), Ok(0o600));
+        assert_eq!(parse_mode("660"), Ok(0o660));
+        assert_eq!(parse_mode("0o666"), Ok(0o666));
+        for bad in [
+            "", "0o", "0800", "rw", "4755", "01777", "0400", "0066", "06600",
+        ] {
+            assert!(parse_mode(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_socket_gets_its_mode_whatever_the_umask() {
+        let dir = private_dir("mode");
+        // Under the test's umask a plain bind would give 0755 (or 0775): neither mode below.
+        for mode in [0o600, 0o660, 0o666] {
+            let path = dir.join(format!("m{mode:o}.sock"));
+            let access = SocketAccess {
+                mode,
+                ..SocketAccess::default()
+            };
+            let listener = bind_socket(&path, &access).unwrap();
+            assert_eq!(mode_of(&path), mode, "{}", path.display());
+            assert!(UnixStream::connect(&path).is_ok(), "it listens");
+            drop(listener);
+        }
+    }
+
+    #[test]
+    fn a_stale_socket_of_ours_is_replaced_and_a_live_one_refused() {
+        let dir = private_dir("stale");
+        let path = dir.join("s.sock");
+        drop(UnixListener::bind(&path).unwrap());
+        assert!(path.exists(), "the stale file stays after its listener");
+        let live = bind_socket(&path, &SocketAccess::default()).unwrap();
+        let e = bind_socket(&path, &SocketAccess::default()).unwrap_err();
+        assert!(matches!(e, SocketError::InUse { .. }), "{e}");
+        drop(live);
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_socket_is_refused() {
+        let dir = private_dir("notsock");
+        let file = dir.join("f.sock");
+        std::fs::write(&file, b"data").unwrap();
+        let e = bind_socket(&file, &SocketAccess::default()).unwrap_err();
+        assert!(matches!(e, SocketError::NotASocket { .. }), "{e}");
+        assert_eq!(std::fs::read(&file).unwrap(), b"data", "left alone");
+        let link = dir.join("l.sock");
+        std::os::unix::fs::symlink(dir.join("elsewhere.sock"), &link).unwrap();
+        let e = bind_socket(&link, &SocketAccess::default()).unwrap_err();
+        assert!(matches!(e, SocketError::NotASocket { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_directory_writable_by_others_is_refused_unless_sticky() {
+        let dir = private_dir("writable");
+        let open = dir.join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = bind_socket(&open.join("a.sock"), &SocketAccess::default()).unwrap_err();
+        assert!(
+            matches!(e, SocketError::DirectoryWritable { mode: 0o777, .. }),
+            "{e}"
+        );
+        assert!(e.to_string().contains("0777"), "{e}");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o770)).unwrap();
+        assert!(bind_socket(&open.join("a.sock"), &SocketAccess::default()).is_err());
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let ok = bind_socket(&open.join("a.sock"), &SocketAccess::default());
+        assert!(ok.is_ok(), "{:?}", ok.err());
+    }
+
+    #[test]
+    fn a_missing_directory_and_a_too_long_path_are_refused() {
+        let dir = private_dir("missing");
+        let e = bind_socket(&dir.join("no/such/x.sock"), &SocketAccess::default()).unwrap_err();
+        assert!(matches!(e, SocketError::NoDirectory { .. }), "{e}");
+        let long = dir.join("x".repeat(120));
+        let e = bind_socket(&long, &SocketAccess::default()).unwrap_err();
+        assert!(matches!(e, SocketError::PathTooLong { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_private_directory_is_created_0700_whatever_the_umask() {
+        let dir = private_dir("mkdir");
+        let sub = dir.join("run-svnic");
+        ensure_private_dir(&sub).unwrap();
+        assert_eq!(mode_of(&sub), 0o700);
+        // An existing directory is left as it is.
+        std::fs::set_permissions(&sub, std::fs::Permissions::from_mode(0o750)).unwrap();
+        ensure_private_dir(&sub).unwrap();
+        assert_eq!(mode_of(&sub), 0o750);
+    }
+
+    #[test]
+    fn files_and_directories_of_another_user_are_refused() {
+        if !is_root() {
+            eprintln!("skipped: chown to another uid needs root");
+            return;
+        }
+        let dir = private_dir("owner");
+        // A socket that another user left (or planted) at the path.
+        let path = dir.join("theirs.sock");
+        drop(UnixListener::bind(&path).unwrap());
+        std::os::unix::fs::lchown(&path, Some(65534), None).unwrap();
+        let e = bind_socket(&path, &SocketAccess::default()).unwrap_err();
+        assert!(
+            matches!(e, SocketError::NotOurs { owner: 65534, .. }),
+            "{e}"
+        );
+        assert!(e.to_string().contains("does not own"), "{e}");
+        assert!(path.exists(), "their file is left alone");
+        // A directory of another user.
+        let theirs = dir.join("their-dir");
+        std::fs::create_dir(&theirs).unwrap();
+        std::os::unix::fs::lchown(&theirs, Some(65534), None).unwrap();
+        let e = bind_socket(&theirs.join("a.sock"), &SocketAccess::default()).unwrap_err();
+        assert!(
+            matches!(e, SocketError::DirectoryNotOurs { owner: 65534, .. }),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_group_is_set_when_asked() {
+        if !is_root() {
+            eprintln!("skipped: giving a socket to another group needs root");
+            return;
+        }
+        let dir = private_dir("group");
+        let path = dir.join("g.sock");
+        let access = SocketAccess {
+            mode: 0o660,
+            group: Some(65534),
+            allow_uids: None,
+        };
+        let _listener = bind_socket(&path, &access).unwrap();
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert_eq!((meta.gid(), meta.mode() & 0o777), (65534, 0o660));
+    }
+}
