@@ -40,6 +40,10 @@ enum Command {
         /// TX messages per channel per worker pass.
         #[arg(long)]
         poll_budget: Option<u32>,
+        /// DMA-data bytes per channel per worker pass, in KiB (a larger message is copied in
+        /// pieces of this size, one per pass).
+        #[arg(long, value_name = "KIB")]
+        byte_budget_kib: Option<u64>,
         /// How long a message may wait for room before its sender gets an error completion.
         #[arg(long, value_name = "MS")]
         backpressure_wait_ms: Option<u64>,
@@ -101,6 +105,7 @@ fn main() -> ExitCode {
             guests,
             workers,
             poll_budget,
+            byte_budget_kib,
             backpressure_wait_ms,
             placement,
             pin_workers,
@@ -111,6 +116,7 @@ fn main() -> ExitCode {
             let overrides = EngineOverrides {
                 workers,
                 poll_budget,
+                byte_budget_kib,
                 backpressure_wait_ms,
                 pin_workers,
                 placement,

@@ -98,6 +98,14 @@ fn parse_socket_mode(context: &str, field: &str, s: &str) -> Result<u32, ConfigE
     parse_mode(s).map_err(|expected| field_err(context, field, s, expected))
 }
 
+/// A positive count (a create burst, a rate).
+fn parse_count(context: &str, field: &str, s: &str) -> Result<u32, ConfigError> {
+    match s.trim().parse::<u32>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(field_err(context, field, s, "a positive integer")),
+    }
+}
+
 const ID_EXPECTED: &str = "a numeric id below 4294967295";
 
 /// A numeric uid or gid; (uid_t)-1 means "no id" to the kernel and is refused.
@@ -159,7 +167,8 @@ fn parse_mac(context: &str, s: &str) -> Result<MacAddr, ConfigError> {
 
 impl GuestConfig {
     /// Parses `name=NAME,socket=PATH,mac=MAC[,endpoints=A-B][,channels=N][,max_region_mib=M]
-    /// [,socket_mode=0600][,socket_group=GID][,allow_uids=UID,UID...]`. The uids of
+    /// [,create_burst=N][,creates_per_sec=N][,socket_mode=0600][,socket_group=GID]
+    /// [,allow_uids=UID,UID...]`. The uids of
     /// `allow_uids` continue over the following parts that have no `=`.
     pub fn parse_spec(spec: &str) -> Result<Self, ConfigError> {
         let ctx = format!("--guest {spec}");
@@ -193,6 +202,8 @@ impl GuestConfig {
                             .map_err(|_| field_err(&ctx, k, v, "an integer (MiB)"))?,
                     )
                 }
+                "create_burst" => g.create_burst = Some(parse_count(&ctx, k, v)?),
+                "creates_per_sec" => g.creates_per_sec = Some(parse_count(&ctx, k, v)?),
                 "socket_mode" => g.socket_mode = Some(parse_socket_mode(&ctx, k, v)?),
                 "socket_group" => g.socket_group = Some(parse_id(&ctx, k, v)?),
                 "allow_uids" => {
@@ -207,7 +218,7 @@ impl GuestConfig {
                         other,
                         v,
                         "one of name, socket, mac, endpoints, channels, max_region_mib, \
-                         socket_mode, socket_group, allow_uids",
+                         create_burst, creates_per_sec, socket_mode, socket_group, allow_uids",
                     ))
                 }
             }
@@ -233,6 +244,12 @@ impl GuestConfig {
         }
         if let Some(m) = g.max_region_mib {
             policy.max_region_len = m.saturating_mul(1 << 20);
+        }
+        if let Some(b) = g.create_burst {
+            policy.create_burst = b;
+        }
+        if let Some(r) = g.creates_per_sec {
+            policy.creates_per_sec = r;
         }
         policy.validate().map_err(|e| {
             field_err(
@@ -270,6 +287,8 @@ struct GuestFields {
     endpoints: Option<RangeInclusive<u32>>,
     channels: Option<u32>,
     max_region_mib: Option<u64>,
+    create_burst: Option<u32>,
+    creates_per_sec: Option<u32>,
     socket_mode: Option<u32>,
     socket_group: Option<u32>,
     allow_uids: Option<Vec<u32>>,
@@ -284,6 +303,8 @@ struct FileGuest {
     endpoints: Option<String>,
     channels: Option<u32>,
     max_region_mib: Option<u64>,
+    create_burst: Option<u32>,
+    creates_per_sec: Option<u32>,
     socket_mode: Option<String>,
     socket_group: Option<u32>,
     allow_uids: Option<Vec<u32>>,
@@ -294,6 +315,7 @@ struct FileGuest {
 struct FileEngine {
     workers: Option<usize>,
     poll_budget: Option<u32>,
+    byte_budget_kib: Option<u64>,
     backpressure_wait_ms: Option<u64>,
     max_sleep_ms: Option<u64>,
     placement: Option<String>,
@@ -319,6 +341,8 @@ pub struct EngineOverrides {
     pub workers: Option<usize>,
     /// TX messages per channel per pass.
     pub poll_budget: Option<u32>,
+    /// DMA-data bytes per channel per pass, in KiB.
+    pub byte_budget_kib: Option<u64>,
     /// Backpressure wait in milliseconds.
     pub backpressure_wait_ms: Option<u64>,
     /// Pin workers to CPUs.
@@ -384,6 +408,8 @@ impl DaemonConfig {
                 endpoints,
                 channels: g.channels,
                 max_region_mib: g.max_region_mib,
+                create_burst: g.create_burst,
+                creates_per_sec: g.creates_per_sec,
                 socket_mode,
                 socket_group: g.socket_group,
                 allow_uids: g.allow_uids,
@@ -406,6 +432,14 @@ impl DaemonConfig {
             .poll_budget
             .or(fe.poll_budget)
             .unwrap_or(engine.poll_budget);
+        if let Some(kib) = overrides.byte_budget_kib.or(fe.byte_budget_kib) {
+            engine.byte_budget = kib
+                .checked_mul(1024)
+                .and_then(|b| u32::try_from(b).ok())
+                .ok_or_else(|| {
+                    field_err(ctx, "byte_budget_kib", &kib.to_string(), "4 to 65536 (KiB)")
+                })?;
+        }
         if let Some(ms) = overrides.backpressure_wait_ms.or(fe.backpressure_wait_ms) {
             engine.backpressure_wait = Duration::from_millis(ms);
         }

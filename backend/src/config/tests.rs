@@ -222,3 +222,62 @@ fn a_toml_file_with_engine_settings_loads_and_unknown_keys_fail() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn create_rate_and_byte_budget_load_from_spec_file_and_command_line() {
+    let c = load(&[
+        "name=a,socket=/tmp/a.sock,mac=52:54:00:00:00:01,create_burst=8,creates_per_sec=20",
+    ])
+    .unwrap();
+    let p = &c.guests[0].policy;
+    assert_eq!((p.create_burst, p.creates_per_sec), (8, 20));
+    assert_eq!(c.engine.byte_budget, EngineConfig::default().byte_budget);
+
+    let dir = vmm_sys_util::tempdir::TempDir::new().unwrap();
+    let file = dir.as_path().join("svnic.toml");
+    std::fs::write(
+        &file,
+        "[engine]\nbyte_budget_kib = 64\n[[guest]]\nname = \"a\"\nsocket = \"/tmp/a.sock\"\n\
+         mac = \"52:54:00:00:00:01\"\ncreate_burst = 4\ncreates_per_sec = 10\n",
+    )
+    .unwrap();
+    let c = DaemonConfig::load(Some(&file), &[], &EngineOverrides::default(), None).unwrap();
+    assert_eq!(c.engine.byte_budget, 64 << 10);
+    assert_eq!(
+        (
+            c.guests[0].policy.create_burst,
+            c.guests[0].policy.creates_per_sec
+        ),
+        (4, 10)
+    );
+    let cli = EngineOverrides {
+        byte_budget_kib: Some(1024),
+        ..Default::default()
+    };
+    let c = DaemonConfig::load(Some(&file), &[], &cli, None).unwrap();
+    assert_eq!(c.engine.byte_budget, 1 << 20, "the command line wins");
+}
+
+#[test]
+fn bad_create_rates_and_byte_budgets_are_named_with_their_value() {
+    for (spec, field) in [
+        ("create_burst=0", "create_burst"),
+        ("creates_per_sec=x", "creates_per_sec"),
+        ("creates_per_sec=-1", "creates_per_sec"),
+    ] {
+        let spec = format!("name=a,socket=/tmp/a.sock,mac=52:54:00:00:00:01,{spec}");
+        match load(&[&spec]) {
+            Err(ConfigError::Field { field: f, .. }) => assert_eq!(f, field, "{spec}"),
+            other => panic!("{spec}: {other:?}"),
+        }
+    }
+    for kib in [1, 1 << 30] {
+        let cli = EngineOverrides {
+            byte_budget_kib: Some(kib),
+            ..Default::default()
+        };
+        let specs = vec!["name=a,socket=/tmp/a.sock,mac=52:54:00:00:00:01".to_string()];
+        let err = DaemonConfig::load(None, &specs, &cli, None).unwrap_err();
+        assert!(err.to_string().contains("byte_budget"), "{kib} KiB: {err}");
+    }
+}
