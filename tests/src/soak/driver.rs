@@ -214,7 +214,8 @@ impl fmt::Display for SoakReport {
         )?;
         writeln!(
             f,
-            "soak: messages accepted {}, delivered {}, error-completed {}, received {}",
+            "soak: messages accepted {}, delivered {}, error-completed {}, received {} (as the \
+             guests count them; a killed guest's as of its last progress line)",
             t.accepted, t.ok, t.errors, t.received
         )?;
         writeln!(
