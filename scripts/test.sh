@@ -22,5 +22,8 @@ echo "== cargo test"
 cargo test --workspace
 cargo test -p svnic-backend --features dma-timing --lib dma_timing
 
+echo "== fuzz targets, FUZZ_SECONDS (default 45) each (skipped, and said so, without nightly)"
+scripts/fuzz-ci.sh
+
 echo "== svnic demo --json (release build; numbers are reported, never asserted)"
 RUST_LOG=warn cargo run --quiet --release -p svnic-backend --bin svnic -- demo --json
