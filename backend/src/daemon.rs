@@ -346,6 +346,11 @@ impl AdminSource for DaemonView {
                     wakes: c.wakes.load(Relaxed),
                     control_drops: c.dropped.load(Relaxed),
                     switch_drops: self.switch.stats().iter().map(|s| s.drops.total()).sum(),
+                    creates_succeeded: c.creates_succeeded.load(Relaxed),
+                    creates_refused: c.creates_refused.load(Relaxed),
+                    creates_rate_limited: c.creates_rate_limited.load(Relaxed),
+                    creates_failed: c.creates_failed.load(Relaxed),
+                    memory_faults: crate::net::sigbus_guard::recovered_faults(),
                 })
             }
         }

@@ -11,7 +11,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use svnic_backend::admin::{AdminResponse, ChannelView, GuestView};
+use svnic_backend::admin::{AdminResponse, ChannelView, EngineView, GuestView};
 
 /// The workspace root (where `vm-images/` and `target/` are).
 pub fn repo_root() -> PathBuf {
@@ -415,6 +415,14 @@ impl Svnic {
         match self.ctl_json("channels")? {
             AdminResponse::Channels { channels } => Ok(channels),
             other => Err(format!("svnic ctl channels --json answered {other:?}")),
+        }
+    }
+
+    /// `svnic ctl engine --json`, parsed.
+    pub fn engine(&self) -> Result<EngineView, String> {
+        match self.ctl_json("engine")? {
+            AdminResponse::Engine(view) => Ok(view),
+            other => Err(format!("svnic ctl engine --json answered {other:?}")),
         }
     }
 

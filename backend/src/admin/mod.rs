@@ -116,6 +116,22 @@ pub struct EngineView {
     pub control_drops: u64,
     /// Frames dropped by the switch, all ports.
     pub switch_drops: u64,
+    /// Creates that became channels.
+    #[serde(default)]
+    pub creates_succeeded: u64,
+    /// Creates refused by the control plane (policy, quota, rate limit), rate-limited included.
+    #[serde(default)]
+    pub creates_refused: u64,
+    /// Of those, refused by the per-guest create rate limit.
+    #[serde(default)]
+    pub creates_rate_limited: u64,
+    /// Creates admitted, then failed by the engine (region outside guest memory, ...).
+    #[serde(default)]
+    pub creates_failed: u64,
+    /// Faults in guest memory the daemon recovered from (a frontend's memory file shrank or
+    /// lost pages); each closed that frontend's connection.
+    #[serde(default)]
+    pub memory_faults: u64,
 }
 
 /// A response from the admin socket.
@@ -312,6 +328,15 @@ pub fn render(resp: &AdminResponse) -> String {
             s.push_str(&format!(
                 "control responses {}  doorbells {}  wakes {}  control drops {}  switch drops {}\n",
                 e.control_requests, e.doorbells, e.wakes, e.control_drops, e.switch_drops
+            ));
+            s.push_str(&format!(
+                "creates: succeeded {}  refused {} (rate-limited {})  failed {}  \
+                 guest memory faults recovered {}\n",
+                e.creates_succeeded,
+                e.creates_refused,
+                e.creates_rate_limited,
+                e.creates_failed,
+                e.memory_faults
             ));
             s
         }

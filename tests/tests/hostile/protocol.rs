@@ -33,7 +33,25 @@ fn attack_01_memfd_truncated_before_vring_addr() {
         let _ = f.setup_vring(q);
     }
     std::thread::sleep(SETTLE);
+    assert_fault_recovered(&arena);
     arena.assert_unharmed(before, Bounds::default());
+}
+
+/// The daemon says it recovered from a fault in guest memory (`svnic ctl engine`).
+fn assert_fault_recovered(arena: &Arena) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let faults = arena.svnic.engine().map(|e| e.memory_faults);
+        if faults.as_ref().is_ok_and(|&n| n > 0) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no recovered memory fault reported by svnic ctl engine: {faults:?}\n{}",
+            arena.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Attack 1, while the rings run: a TX chain is published, the memfd truncated, then kicked.
@@ -62,6 +80,7 @@ fn attack_01_memfd_truncated_while_rings_run() {
         let _ = f.kick(TX);
         let _ = f.kick(RX);
         std::thread::sleep(SETTLE);
+        assert_fault_recovered(&arena);
     }
     arena.assert_unharmed(before, Bounds::default());
 }
