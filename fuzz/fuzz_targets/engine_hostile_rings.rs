@@ -120,8 +120,15 @@ impl Fixture {
                 GuestMemoryMmap::from_ranges(&[(GuestAddress(0), GUEST_MEM)])
                     .expect("guest memory"),
             );
+            // Every input creates channels afresh, thousands a second: far above the default
+            // per-guest create rate, which is not what this target tests.
+            let policy = GuestPolicy {
+                create_burst: u32::MAX,
+                creates_per_sec: svnic_control::policy::MAX_CREATES_PER_SEC,
+                ..GuestPolicy::new(name, mac(n))
+            };
             let id = engine
-                .add_guest(GuestPolicy::new(name, mac(n)), mem.clone(), None)
+                .add_guest(policy, mem.clone(), None)
                 .expect("guest registers");
             Guest {
                 id,
