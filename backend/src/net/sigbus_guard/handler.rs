@@ -11,9 +11,10 @@ use std::io;
 use std::sync::atomic::{fence, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
-/// Ranges guarded at once, for all guests together. A frontend cannot grow its share: the relay
-/// and the vhost crate cap the regions of a table, and one table per connection is live.
-pub(super) const SLOT_COUNT: usize = 4096;
+/// Ranges guarded at once, for all guests together: 128 guests at their full share
+/// ([`super::OWNER_SHARE`]: a table has at most 8 regions, and old tables stay mapped only
+/// while channels created on them live).
+pub(super) const SLOT_COUNT: usize = 16384;
 
 /// One guarded range.
 struct Slot {

@@ -40,6 +40,10 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use handler::SLOT_COUNT;
 
+/// Slots one owner (a guest's port) may hold: its live table and older tables its channels keep
+/// mapped. One guest cannot take the slots every other guest's memory needs.
+pub const OWNER_SHARE: usize = 128;
+
 /// How often the guard thread releases mappings nobody uses any more, while any are guarded.
 pub const SWEEP_PERIOD: Duration = Duration::from_millis(100);
 
@@ -56,6 +60,21 @@ pub enum GuardError {
         wanted: usize,
         /// Slots in all.
         capacity: usize,
+    },
+    /// The owner already holds its share of the slots (old tables kept alive by its channels).
+    #[error(
+        "guest memory of owner {token} already holds {held} guarded region(s); {wanted} more \
+         would pass its share of {share} (destroy channels created on older memory tables)"
+    )]
+    OwnerFull {
+        /// The owner's token.
+        token: u64,
+        /// Regions it holds now.
+        held: usize,
+        /// Regions asked for.
+        wanted: usize,
+        /// Its share.
+        share: usize,
     },
     /// A region's page size is no power of two, or its mapping is not aligned to it.
     #[error("region at {gpa:#x} (host {host:#x}) cannot be guarded in pages of {page_size:#x}")]
@@ -172,6 +191,20 @@ pub fn guard_regions<'a>(
     let (known, fresh): (Vec<_>, Vec<_>) = asked
         .into_iter()
         .partition(|(mapping, ..)| reg.index_of(mapping).is_some());
+    let held = reg
+        .entries
+        .iter()
+        .flatten()
+        .filter(|e| e.owner.token == owner.token)
+        .count();
+    if held + fresh.len() > OWNER_SHARE {
+        return Err(GuardError::OwnerFull {
+            token: owner.token,
+            held,
+            wanted: fresh.len(),
+            share: OWNER_SHARE,
+        });
+    }
     let free: Vec<usize> = reg
         .entries
         .iter()

@@ -216,20 +216,32 @@ fn child_unguarded_fault() {
     std::process::exit(0);
 }
 
+/// `count` one-page regions, all mapping the start of `file` (one descriptor for every mapping:
+/// a child's fd limit may be lower than the slot count).
+fn regions_of(file: &Arc<File>, first: u64, count: usize) -> GuestMemoryMmap {
+    let ranges: Vec<_> = (0..count as u64)
+        .map(|i| {
+            let f = FileOffset::from_arc(Arc::clone(file), 0);
+            (GuestAddress((first + i) * PAGE as u64), PAGE, Some(f))
+        })
+        .collect();
+    GuestMemoryMmap::from_ranges_with_files(&ranges).unwrap()
+}
+
 fn child_fill() {
     let file = memfd(c"svnic-guard-child-fill", PAGE as u64, 0).unwrap();
     let file = Arc::new(file);
-    // One descriptor for every mapping: the child's fd limit may be lower than the slot count.
-    let ranges: Vec<_> = (0..SLOT_COUNT as u64)
-        .map(|i| {
-            let f = FileOffset::from_arc(Arc::clone(&file), 0);
-            (GuestAddress(i * PAGE as u64), PAGE, Some(f))
+    // Every owner takes its whole share, until the table is full.
+    let tables: Vec<_> = (0..SLOT_COUNT / OWNER_SHARE)
+        .map(|k| {
+            let table = regions_of(&file, (k * OWNER_SHARE) as u64, OWNER_SHARE);
+            let guarded = guard_table(&table, PAGE, 0x7200 + k as u64).unwrap();
+            (table, guarded)
         })
         .collect();
-    let all = GuestMemoryMmap::from_ranges_with_files(&ranges).unwrap();
-    let _all = guard_table(&all, PAGE, 0x7200).unwrap();
     let one = table_of(&file, PAGE);
-    let refused = guard_table(&one, PAGE, 0x7201);
+    let newcomer = 0x7200 + tables.len() as u64;
+    let refused = guard_table(&one, PAGE, newcomer);
     assert!(
         matches!(
             refused,
@@ -240,11 +252,31 @@ fn child_fill() {
         ),
         "{refused:?}"
     );
-    assert_eq!(guarded_regions_of(0x7201), 0);
-    drop(all);
-    guard_table(&one, PAGE, 0x7201).expect("the dropped table made room");
+    assert_eq!(guarded_regions_of(newcomer), 0);
+    drop(tables);
+    guard_table(&one, PAGE, newcomer).expect("the dropped tables made room");
     assert_eq!(guarded_regions_of(0x7200), 0);
-    assert_eq!(guarded_regions_of(0x7201), 1);
+    assert_eq!(guarded_regions_of(newcomer), 1);
+}
+
+#[test]
+fn one_owner_cannot_take_more_than_its_share() {
+    let file = Arc::new(memfd(c"svnic-guard-share", PAGE as u64, 0).unwrap());
+    let share = regions_of(&file, 0, OWNER_SHARE);
+    let _held = guard_table(&share, PAGE, 0x7300).unwrap();
+    let one_more = table_of(&file, PAGE);
+    let refused = guard_table(&one_more, PAGE, 0x7300);
+    assert!(
+        matches!(
+            refused,
+            Err(GuardError::OwnerFull { token: 0x7300, held, wanted: 1, share })
+                if held == OWNER_SHARE && share == OWNER_SHARE
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(guarded_regions_of(0x7300), OWNER_SHARE);
+    let _other = guard_table(&one_more, PAGE, 0x7301).expect("another owner still has room");
+    assert_eq!(guarded_regions_of(0x7301), 1);
 }
 
 /// Raises the hugepage pool for a test and puts the old size back.
