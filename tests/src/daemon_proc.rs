@@ -177,14 +177,36 @@ impl GuestSpec {
 }
 
 /// How `svnic serve` is started, beyond its guests.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ServeOptions {
+    /// Engine worker threads (none: the daemon's own default); 1 by default.
+    pub workers: Option<usize>,
+    /// The channel limit given to every guest (none: the daemon's own default).
+    pub guest_channels: Option<u32>,
+    /// Its `RUST_LOG`; `info` by default.
+    pub rust_log: &'static str,
+    /// How long [`Svnic::start_with`] waits for its sockets; 20 s by default.
+    pub start_timeout: Duration,
     /// The umask it starts with (none: the test's own).
     pub umask: Option<libc::mode_t>,
     /// Its RLIMIT_NOFILE, soft and hard (none: the test's own).
     pub max_open_files: Option<u64>,
     /// More command-line arguments after the guests.
     pub extra_args: Vec<String>,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            workers: Some(1),
+            guest_channels: None,
+            rust_log: "info",
+            start_timeout: Duration::from_secs(20),
+            umask: None,
+            max_open_files: None,
+            extra_args: Vec::new(),
+        }
+    }
 }
 
 /// `svnic serve` running as a child process.
@@ -202,16 +224,22 @@ pub struct Svnic {
 /// left to the caller.
 pub fn serve_command(bin: &Path, dir: &Path, guests: &[GuestSpec], opts: &ServeOptions) -> Command {
     let mut cmd = Command::new(bin);
-    cmd.arg("serve")
-        .args(["--workers", "1", "--admin-socket"])
-        .arg(dir.join("admin.sock"));
+    cmd.arg("serve");
+    if let Some(n) = opts.workers {
+        cmd.arg("--workers").arg(n.to_string());
+    }
+    cmd.arg("--admin-socket").arg(dir.join("admin.sock"));
     for g in guests {
-        cmd.arg("--guest").arg(format!(
+        let mut spec = format!(
             "name={},socket={},mac={}",
             g.name,
             g.socket.display(),
             g.mac
-        ));
+        );
+        if let Some(n) = opts.guest_channels {
+            spec.push_str(&format!(",channels={n}"));
+        }
+        cmd.arg("--guest").arg(spec);
     }
     cmd.args(&opts.extra_args);
     kill_with_parent(&mut cmd);
@@ -222,7 +250,7 @@ pub fn serve_command(bin: &Path, dir: &Path, guests: &[GuestSpec], opts: &ServeO
         // setrlimit(2) are async-signal-safe, and it allocates nothing.
         unsafe { cmd.pre_exec(hook) };
     }
-    cmd.env("RUST_LOG", "info").stdin(Stdio::null());
+    cmd.env("RUST_LOG", opts.rust_log).stdin(Stdio::null());
     cmd
 }
 
@@ -278,7 +306,7 @@ pub fn set_soft_open_files(pid: libc::pid_t, n: u64) -> io::Result<u64> {
 }
 
 impl Svnic {
-    /// Starts `svnic serve` with `guests` and waits until every socket exists.
+    /// Starts `svnic serve` with `guests` and waits up to 20 s until every socket exists.
     pub fn start(bin: &Path, dir: &Path, guests: &[GuestSpec]) -> Result<Svnic, String> {
         Svnic::start_with(bin, dir, guests, &ServeOptions::default())
     }
@@ -305,7 +333,7 @@ impl Svnic {
             guests: guests.to_vec(),
             child: KillOnDrop(child),
         };
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + opts.start_timeout;
         let mut sockets: Vec<&Path> = guests.iter().map(|g| g.socket.as_path()).collect();
         sockets.push(&svnic.admin);
         while !sockets.iter().all(|s| s.exists()) {
@@ -317,7 +345,8 @@ impl Svnic {
             }
             if Instant::now() > deadline {
                 return Err(format!(
-                    "svnic serve: sockets not there after 20 s:\n{}",
+                    "svnic serve: sockets not there after {:?}:\n{}",
+                    opts.start_timeout,
                     svnic.log_text()
                 ));
             }
@@ -357,6 +386,20 @@ impl Svnic {
     /// How it exited, if it has.
     pub fn exit_status(&mut self) -> Option<ExitStatus> {
         self.child.0.try_wait().ok().flatten()
+    }
+
+    /// An error naming its exit status and ending with the last 30 lines of its log, if the
+    /// process has exited.
+    pub fn check_alive(&mut self) -> Result<(), String> {
+        match self.child.0.try_wait() {
+            Ok(None) => Ok(()),
+            Ok(Some(status)) => Err(format!(
+                "svnic serve (pid {}) exited: {status}\n{}",
+                self.pid(),
+                self.log_tail(30)
+            )),
+            Err(e) => Err(format!("svnic serve: {e}")),
+        }
     }
 
     /// Resident set size, from /proc/PID/status (VmRSS).
@@ -467,6 +510,16 @@ impl Svnic {
         let bytes = fs::read(&self.log).unwrap_or_default();
         let tail = bytes.len().saturating_sub(64 << 10);
         String::from_utf8_lossy(bytes.get(tail..).unwrap_or_default()).into_owned()
+    }
+
+    /// The last `lines` lines of its log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let bytes = fs::read(&self.log).unwrap_or_default();
+        let text = String::from_utf8_lossy(&bytes);
+        let all: Vec<&str> = text.lines().collect();
+        all.get(all.len().saturating_sub(lines)..)
+            .unwrap_or_default()
+            .join("\n")
     }
 
     /// SIGTERM, then waits up to 10 s for a clean exit.

@@ -14,12 +14,14 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use svnic_backend::admin::ChannelView;
 
-use super::daemon::{Daemon, Usage};
-use super::{Rng, SoakConfig};
+use super::{soak_mac, Rng, SoakConfig};
+use crate::daemon_proc::{GuestSpec, ServeOptions, Svnic};
 use crate::vm::{KillOnDrop, ScratchDir};
 
 /// How long SIGTERM may take (issue 13).
 const SIGTERM_LIMIT: Duration = Duration::from_secs(5);
+/// Lines of the daemon's log a failure report ends with.
+const LOG_TAIL_LINES: usize = 30;
 /// Generous: the machine may be loaded, and 64 guests settle one after another.
 const PHASE_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -182,7 +184,7 @@ pub struct SoakReport {
     /// How long the traffic ran.
     pub ran: Duration,
     /// The daemon's pid (the same throughout).
-    pub pid: u32,
+    pub pid: libc::pid_t,
     /// Guest processes SIGKILLed (each restarted).
     pub kills: u64,
     /// What the guests counted (killed guests: as of their last progress line).
@@ -245,6 +247,23 @@ impl fmt::Display for SoakReport {
     }
 }
 
+/// Resident memory and open fds of a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// VmRSS, KiB.
+    pub rss_kib: u64,
+    /// Entries of /proc/PID/fd.
+    pub fds: u64,
+}
+
+/// The daemon's RSS and open fds now.
+fn usage(daemon: &Svnic) -> Result<Usage, String> {
+    Ok(Usage {
+        rss_kib: daemon.rss_kib()?,
+        fds: daemon.fd_count()? as u64,
+    })
+}
+
 fn peak(a: Usage, b: Usage) -> Usage {
     Usage {
         rss_kib: a.rss_kib.max(b.rss_kib),
@@ -264,32 +283,55 @@ pub fn run(cfg: &SoakConfig) -> Result<SoakReport, String> {
         .mode(0o700)
         .create(&dir)
         .map_err(|e| format!("{}: {e}", dir.display()))?;
-    let sockets: Vec<PathBuf> = (0..cfg.guests).map(|i| socket(&dir, i)).collect();
-    let mut daemon = Daemon::start(&cfg.svnic, &dir, &sockets, cfg.channels)?;
+    let mut daemon = start_daemon(cfg, &dir)?;
     let result = drive(cfg, &dir, &mut daemon);
     match result {
         Ok(mut report) => {
-            let (status, took) = daemon.terminate(SIGTERM_LIMIT)?;
+            let start = Instant::now();
+            let status = daemon
+                .terminate_within(SIGTERM_LIMIT)
+                .map_err(|e| format!("{e}\n{}", daemon.log_tail(LOG_TAIL_LINES)))?;
             if !status.success() {
                 return Err(format!("svnic serve exited with {status} after SIGTERM"));
             }
-            report.sigterm = took;
+            report.sigterm = start.elapsed();
             Ok(report)
         }
         Err(e) => Err(format!(
             "{e}\n-- svnic serve log (tail):\n{}",
-            daemon.log_tail()
+            daemon.log_tail(LOG_TAIL_LINES)
         )),
     }
+}
+
+/// Starts `svnic serve` with one guest per soak guest (`name=sN`, MAC `soak_mac(N)`,
+/// `cfg.channels` channels at most, its socket in `dir`), the daemon's default worker count,
+/// and warnings only in its log.
+fn start_daemon(cfg: &SoakConfig, dir: &std::path::Path) -> Result<Svnic, String> {
+    let guests: Vec<GuestSpec> = (0..cfg.guests)
+        .map(|i| GuestSpec {
+            name: format!("s{i}"),
+            socket: socket(dir, i),
+            mac: soak_mac(i).to_string(),
+        })
+        .collect();
+    let opts = ServeOptions {
+        workers: None,
+        guest_channels: Some(cfg.channels),
+        rust_log: "warn",
+        start_timeout: Duration::from_secs(30),
+        ..ServeOptions::default()
+    };
+    Svnic::start_with(&cfg.svnic, dir, &guests, &opts)
 }
 
 fn drive(
     cfg: &SoakConfig,
     dir: &std::path::Path,
-    daemon: &mut Daemon,
+    daemon: &mut Svnic,
 ) -> Result<SoakReport, String> {
     std::thread::sleep(Duration::from_millis(300));
-    let baseline = daemon.usage()?;
+    let baseline = usage(daemon)?;
     let mut high = baseline;
     let mut rng = Rng::new(cfg.seed);
     let mut fleet = Vec::new();
@@ -302,7 +344,7 @@ fn drive(
     let mut next_kill = start + cfg.kill_every;
     while start.elapsed() < cfg.duration {
         daemon.check_alive()?;
-        high = peak(high, daemon.usage()?);
+        high = peak(high, usage(daemon)?);
         for (i, g) in fleet.iter_mut().enumerate() {
             g.check_alive(i as u32)?;
         }
@@ -364,7 +406,7 @@ fn drive(
             guest_channels.insert(id, (i, c.clone()));
         }
     }
-    high = peak(high, daemon.usage()?);
+    high = peak(high, usage(daemon)?);
     let (live_channels, live_tx) = check_books(daemon, &guest_channels, &mut problems)?;
 
     // The guests leave (stdin closed: each exits 0 and its connection closes).
@@ -406,7 +448,7 @@ fn drive(
 /// Waits until `done` holds for every guest's last words.
 fn wait_all(
     fleet: &[GuestProc],
-    daemon: &mut Daemon,
+    daemon: &mut Svnic,
     what: &str,
     done: impl Fn(&Seen) -> bool,
 ) -> Result<(), String> {
@@ -432,7 +474,7 @@ fn wait_all(
 /// `tx == delivered + errors`, the guest's accepted == tx, its Ok completions == delivered,
 /// its error completions == errors, its received == rx. The live channels and their tx.
 fn check_books(
-    daemon: &Daemon,
+    daemon: &Svnic,
     guest_channels: &BTreeMap<u64, (usize, Value)>,
     problems: &mut Vec<String>,
 ) -> Result<(usize, u64), String> {
@@ -493,7 +535,7 @@ fn is_live(c: &ChannelView) -> bool {
 /// fds are back within the slack of their baseline; its usage then.
 fn back_to_baseline(
     cfg: &SoakConfig,
-    daemon: &mut Daemon,
+    daemon: &mut Svnic,
     baseline: Usage,
     problems: &mut Vec<String>,
 ) -> Result<Usage, String> {
@@ -514,7 +556,7 @@ fn back_to_baseline(
     }
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let now = daemon.usage()?;
+        let now = usage(daemon)?;
         let rss_ok = now.rss_kib <= baseline.rss_kib + cfg.rss_slack_kib;
         let fds_ok = now.fds <= baseline.fds + cfg.fd_slack;
         if rss_ok && fds_ok {

@@ -1,5 +1,5 @@
 //! The soak: many host-process guests (each its own process, see [`guest`]) against one
-//! `svnic serve` (its own process, see [`daemon`]), with random channel creates and destroys,
+//! `svnic serve` (its own process, see [`crate::daemon_proc`]), with random channel creates and destroys,
 //! user-data and DMA-data between channels of different guests, and guests SIGKILLed and
 //! reconnected, for a while; then [`driver::run`] checks that the daemon never restarted, that
 //! every counter balances exactly, that its RSS and fds came back to their baseline once the
@@ -8,7 +8,6 @@
 //! `scripts/soak.sh` runs the full soak (64 guests x 16 channels, 10 minutes); the test
 //! `tests/soak.rs` a short one.
 
-pub mod daemon;
 pub mod driver;
 pub mod guest;
 
