@@ -134,7 +134,7 @@ fn is_transient(e: &io::Error) -> bool {
 
 /// The next accepted connection, or `None` once `stop` is raised. `accept` is called only when
 /// `listener` is readable; after each failure the next attempt waits per `backoff`, logged
-/// (rate-limited) with `socket` naming the socket. Errors only if poll itself fails.
+/// (rate-limited) with `socket` naming the socket; a failing poll is retried the same way.
 pub fn next_connection<T>(
     backoff: &mut Backoff,
     listener: BorrowedFd<'_>,
@@ -143,10 +143,25 @@ pub fn next_connection<T>(
     mut accept: impl FnMut() -> io::Result<T>,
 ) -> io::Result<Option<T>> {
     loop {
-        match wait(Some(listener), stop, None)? {
-            Woken::Stopped => return Ok(None),
-            Woken::TimedOut => continue,
-            Woken::Connection => {}
+        match wait(Some(listener), stop, None) {
+            Ok(Woken::Stopped) => return Ok(None),
+            Ok(Woken::TimedOut) => continue,
+            Ok(Woken::Connection) => {}
+            Err(e) => {
+                // poll itself failed (ENOMEM, or a descriptor limit below two): a listener that
+                // gave up would leave its guest unserved for good, so it retries, backing off.
+                let delay = backoff.failed();
+                log_limited!(
+                    log::Level::Warn,
+                    "{socket}: cannot wait for connections: {e}; next try in {} ms",
+                    delay.as_millis()
+                );
+                std::thread::sleep(delay);
+                if (stop.is_stopped)() {
+                    return Ok(None);
+                }
+                continue;
+            }
         }
         match accept() {
             Ok(conn) => {
@@ -161,8 +176,10 @@ pub fn next_connection<T>(
                     "{socket}: cannot accept a connection: {e}; next try in {} ms",
                     delay.as_millis()
                 );
-                if let Woken::Stopped = wait(None, stop, Some(delay))? {
-                    return Ok(None);
+                match wait(None, stop, Some(delay)) {
+                    Ok(Woken::Stopped) => return Ok(None),
+                    Ok(_) => {}
+                    Err(_) => std::thread::sleep(delay),
                 }
             }
         }
@@ -302,5 +319,77 @@ mod tests {
         .unwrap();
         assert!(got.is_some());
         assert_eq!(backoff.failed(), FIRST_DELAY);
+    }
+
+    const CHILD_MODE: &str = "SVNIC_ACCEPT_TEST_CHILD";
+
+    /// poll fails with EINVAL while the descriptor limit is below the two descriptors it watches;
+    /// the loop must wait and retry, and accept the connection once the limit is back. Runs in a
+    /// child process: the limit is process-wide.
+    #[test]
+    fn a_failing_poll_is_retried_not_fatal() {
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "sockets::accept::tests::poll_failure_child",
+                "--exact",
+                "--test-threads=1",
+                "--nocapture",
+            ])
+            .env(CHILD_MODE, "poll-failure")
+            .status()
+            .unwrap();
+        assert!(status.success(), "{status:?}");
+    }
+
+    /// The body of [`a_failing_poll_is_retried_not_fatal`]; does nothing in a normal run.
+    #[test]
+    fn poll_failure_child() {
+        if std::env::var(CHILD_MODE).as_deref() != Ok("poll-failure") {
+            return;
+        }
+        let dir = private_dir("poll-failure");
+        let path = dir.join("l.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let stop = EventFd::new(EFD_NONBLOCK).unwrap();
+        let limit = |soft: libc::rlim_t| {
+            let mut r = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: `r` is a valid rlimit for getrlimit to fill.
+            assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) }, 0);
+            r.rlim_cur = soft;
+            // SAFETY: `r` is a valid rlimit with a soft limit below its hard limit.
+            assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) }, 0);
+        };
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: `r` is a valid rlimit for getrlimit to fill.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) }, 0);
+        let normal = r.rlim_cur;
+        limit(1);
+        let restorer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            limit(normal);
+            UnixStream::connect(&path).unwrap()
+        });
+        let is_stopped = || false;
+        let watch = StopWatch {
+            fd: stop.as_raw_fd(),
+            is_stopped: &is_stopped,
+        };
+        let started = Instant::now();
+        let accepted = next_connection(
+            &mut Backoff::default(),
+            listener.as_fd(),
+            &watch,
+            &"test",
+            || listener.accept(),
+        );
+        let _client = restorer.join().unwrap();
+        assert!(matches!(accepted, Ok(Some(_))), "{accepted:?}");
+        assert!(started.elapsed() < Duration::from_secs(10));
     }
 }
