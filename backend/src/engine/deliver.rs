@@ -318,6 +318,7 @@ fn deliver_dma(
 /// the post ring. Refused posted buffers before it are consumed and reported to their owner.
 /// Otherwise the outcome for the message: it waits while there is no buffer, or while the head
 /// buffer is reserved for a message being copied in pieces (buffers are used in post order).
+#[inline]
 pub(super) fn next_usable_post(
     dest: &EngineChannel,
     dest_mem: &ChannelMem<'_>,
@@ -374,6 +375,7 @@ pub(super) fn next_usable_post(
 /// Consumes the posted buffer `p` (the head of the post ring), now holding the data of `d`, and
 /// writes the RX message for it (not published yet): the last step of a DMA-data delivery. The
 /// caller has checked that the RX ring has room.
+#[inline]
 pub(super) fn write_dma_rx(
     src: &EngineChannel,
     d: &DmaData,
@@ -413,6 +415,7 @@ pub(super) fn write_dma_rx(
 /// Copies `len` bytes at `from` in the sender's region to `to` in the destination's. False if
 /// either range leaves its region, which cannot happen (the caller checked both against the
 /// layouts), but a failure must not be silent.
+#[inline]
 pub(super) fn copy_range(
     src_mem: &ChannelMem<'_>,
     from: u64,
