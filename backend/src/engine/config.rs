@@ -15,9 +15,10 @@ pub enum Placement {
     LeastLoaded,
 }
 
-/// Default [`EngineConfig::byte_budget`]: 256 KiB, some tens of microseconds of copying, while
-/// 64 KiB messages still go four to a pass.
-pub const DEFAULT_BYTE_BUDGET: u32 = 256 << 10;
+/// Default [`EngineConfig::byte_budget`]: 1 MiB, some tens of microseconds of copying for the
+/// other channels to wait, while 64 KiB messages still go sixteen to a pass (each pass end costs
+/// a publish and a fence).
+pub const DEFAULT_BYTE_BUDGET: u32 = 1 << 20;
 
 /// Bounds of [`EngineConfig::byte_budget`]: at least a page (smaller pieces cost more in locking
 /// and publishing than they save), at most 64 MiB (the largest default channel region).
