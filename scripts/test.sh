@@ -18,6 +18,9 @@ cargo clippy --workspace --all-targets -- -D warnings
 # The bench-only timing of DMA-data copies (feature dma-timing, off in normal builds).
 cargo clippy -p svnic-backend --features dma-timing --all-targets -- -D warnings
 
+echo "== cargo doc (warnings are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+
 echo "== cargo test"
 cargo test --workspace
 cargo test -p svnic-backend --features dma-timing --lib dma_timing

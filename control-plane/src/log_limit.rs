@@ -1,6 +1,6 @@
 //! Rate limits for log lines a guest, a frontend or the wire can trigger.
 //!
-//! Rule: a line whose frequency an untrusted party controls goes through [`log_limited!`]; the
+//! Rule: a line whose frequency an untrusted party controls goes through [`log_limited!`](crate::log_limited); the
 //! detail lives in counters, and the log says how many lines of the same call site it left out.
 //! Each call site has its own budget of [`LINES_PER_WINDOW`] lines per [`WINDOW`].
 
@@ -19,7 +19,7 @@ struct Window {
     suppressed: u64,
 }
 
-/// The budget of one call site (a `static`, made by [`log_limited!`]).
+/// The budget of one call site (a `static`, made by [`log_limited!`](crate::log_limited)).
 #[derive(Debug)]
 pub struct LogLimiter {
     window: Mutex<Window>,

@@ -1,5 +1,5 @@
 //! The operator's view of a running daemon: a local Unix socket speaking one JSON request per
-//! line and one JSON response per line ([`server`]), and the `svnic ctl` client that prints it
+//! line and one JSON response per line (`server`), and the `svnic ctl` client that prints it
 //! as tables (or as JSON for scripts).
 
 use std::io::{BufRead, BufReader, Write};

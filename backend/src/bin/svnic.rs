@@ -9,6 +9,15 @@ use svnic_backend::config::{DaemonConfig, EngineOverrides, DEFAULT_ADMIN_SOCKET}
 use svnic_backend::daemon::{block_termination_signals, wait_for_termination, Daemon};
 use svnic_backend::demo::{run_demo, DemoOptions};
 
+/// `--guest`'s help (a string, not a doc comment: rustdoc would read its brackets as links).
+const GUEST_HELP: &str = "A guest: name=NAME,socket=PATH,mac=MAC[,endpoints=A-B][,channels=N]
+[,max_region_mib=M][,create_burst=N][,creates_per_sec=N][,socket_mode=0600]
+[,socket_group=GID][,allow_uids=UID,UID...]. The socket's directory must be owned by this
+user or root and not writable by others unless sticky (/tmp is fine); socket_mode (default
+0600) and socket_group decide who may connect, and allow_uids, if given, refuses frontends
+of any other uid. create_burst and creates_per_sec bound its channel creates (default 64
+at once, 200 per second).";
+
 #[derive(Parser)]
 #[command(
     name = "svnic",
@@ -27,12 +36,11 @@ enum Command {
         /// TOML configuration file (guests and engine settings).
         #[arg(long)]
         config: Option<PathBuf>,
-        /// A guest: name=NAME,socket=PATH,mac=MAC[,endpoints=A-B][,channels=N][,max_region_mib=M]
-        /// [,socket_mode=0600][,socket_group=GID][,allow_uids=UID,UID...]. The socket's directory
-        /// must be owned by this user or root and not writable by others unless sticky (/tmp is
-        /// fine); socket_mode (default 0600) and socket_group decide who may connect, and
-        /// allow_uids, if given, refuses frontends of any other uid.
-        #[arg(long = "guest", value_name = "SPEC", verbatim_doc_comment)]
+        #[arg(
+            long = "guest",
+            value_name = "SPEC",
+            help = GUEST_HELP,
+        )]
         guests: Vec<String>,
         /// Engine worker threads.
         #[arg(long)]

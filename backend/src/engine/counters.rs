@@ -23,7 +23,7 @@ pub struct ChannelCounters {
     wakes_sent: AtomicU64,
 }
 
-/// A snapshot of [`ChannelCounters`].
+/// A snapshot of a channel's counters.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ChannelStats {
     /// Messages taken from the TX ring.
@@ -165,7 +165,7 @@ pub struct WorkerCounters {
     pub(crate) channels: AtomicU64,
 }
 
-/// A snapshot of [`WorkerCounters`].
+/// A snapshot of a worker's counters.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct WorkerStats {
     /// Worker index.

@@ -2,7 +2,7 @@
 //!
 //! [`Engine`] is the facade the daemon (and tests) use: register guests with their memory,
 //! create and destroy channels through the control plane (Pending -> Success | Failure ->
-//! Destroyed), ring doorbells, read counters. Worker threads ([`worker`]) do the data path.
+//! Destroyed), ring doorbells, read counters. Worker threads (`worker`) do the data path.
 
 mod backing;
 mod channel;
