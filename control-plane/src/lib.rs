@@ -74,6 +74,7 @@ pub mod error;
 pub mod fast_hash;
 pub mod lifecycle;
 pub mod log_limit;
+pub mod manual_clock;
 pub mod policy;
 mod rate_limit;
 pub mod records;

@@ -3,41 +3,17 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use svnic_control::manual_clock::ManualClock;
 
 use common::*;
 use svnic_channels::FailureReason;
 use svnic_control::{ControlPlane, CreateRequest, GuestId, GuestPolicy};
 
-#[derive(Clone)]
-struct TestClock {
-    start: Instant,
-    nanos: Arc<AtomicU64>,
-}
-
-impl TestClock {
-    fn new() -> Self {
-        TestClock {
-            start: Instant::now(),
-            nanos: Arc::new(AtomicU64::new(0)),
-        }
-    }
-
-    fn now(&self) -> Instant {
-        self.start + Duration::from_nanos(self.nanos.load(Ordering::Relaxed))
-    }
-
-    fn advance(&self, by: Duration) {
-        self.nanos
-            .fetch_add(by.as_nanos() as u64, Ordering::Relaxed);
-    }
-}
-
 /// Guests "a" (MAC_A, policy tweaked by `tweak_a`) and "b" (MAC_B, defaults) on `clock`.
 fn plane(
-    clock: &TestClock,
+    clock: &ManualClock,
     tweak_a: impl FnOnce(&mut GuestPolicy),
 ) -> (ControlPlane<u32>, GuestId, GuestId) {
     let c = clock.clone();
@@ -59,7 +35,7 @@ fn refused_anyway(endpoint: u32) -> CreateRequest {
 
 #[test]
 fn every_request_takes_a_token_and_past_the_burst_creates_are_refused_until_one_returns() {
-    let clock = TestClock::new();
+    let clock = ManualClock::new();
     let (cp, a, _) = plane(&clock, |_| {});
     // The default burst: 64 requests back to back, refused ones included.
     for i in 0..64 {
@@ -94,7 +70,7 @@ fn every_request_takes_a_token_and_past_the_burst_creates_are_refused_until_one_
 
 #[test]
 fn the_rate_limit_is_checked_before_anything_but_the_guest() {
-    let clock = TestClock::new();
+    let clock = ManualClock::new();
     let (cp, a, _) = plane(&clock, |p| p.create_burst = 1);
     cp.begin_create(a, &req(1, 0)).unwrap();
     // With no token left, an otherwise refused request reports the rate limit...
@@ -111,7 +87,7 @@ fn the_rate_limit_is_checked_before_anything_but_the_guest() {
 
 #[test]
 fn the_policy_sets_burst_and_rate() {
-    let clock = TestClock::new();
+    let clock = ManualClock::new();
     let (cp, a, _) = plane(&clock, |p| {
         p.create_burst = 2;
         p.creates_per_sec = 1;
@@ -134,7 +110,7 @@ fn the_policy_sets_burst_and_rate() {
 
 #[test]
 fn one_guest_spending_its_budget_leaves_another_guests_untouched() {
-    let clock = TestClock::new();
+    let clock = ManualClock::new();
     let (cp, a, b) = plane(&clock, |_| {});
     for i in 0..1000 {
         let _ = cp.begin_create(a, &refused_anyway(i));

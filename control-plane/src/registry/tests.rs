@@ -2,9 +2,9 @@
 //! looping create/fail that cannot make another guest's creates fail.
 #![allow(clippy::unwrap_used)]
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::manual_clock::ManualClock;
 
 use svnic_channels::layout::DEFAULT_REGION_LEN;
 use svnic_channels::{ChannelId, FailureReason, MacAddr};
@@ -25,32 +25,7 @@ fn req(mac: MacAddr, endpoint: u32, region_addr: u64) -> CreateRequest {
     }
 }
 
-/// A clock the test moves by hand.
-#[derive(Clone)]
-struct TestClock {
-    start: Instant,
-    nanos: Arc<AtomicU64>,
-}
-
-impl TestClock {
-    fn new() -> Self {
-        TestClock {
-            start: Instant::now(),
-            nanos: Arc::new(AtomicU64::new(0)),
-        }
-    }
-
-    fn now(&self) -> Instant {
-        self.start + Duration::from_nanos(self.nanos.load(Ordering::Relaxed))
-    }
-
-    fn advance(&self, by: Duration) {
-        self.nanos
-            .fetch_add(by.as_nanos() as u64, Ordering::Relaxed);
-    }
-}
-
-fn plane(clock: &TestClock) -> (ControlPlane<u32>, GuestId, GuestId) {
+fn plane(clock: &ManualClock) -> (ControlPlane<u32>, GuestId, GuestId) {
     let clock = clock.clone();
     let cp = ControlPlane::with_clock(move || clock.now());
     let a = cp.add_guest(GuestPolicy::new("a", MAC_A)).unwrap();
@@ -64,7 +39,7 @@ fn start_ids_after(cp: &ControlPlane<u32>, last: u32) {
 
 #[test]
 fn ids_wrap_past_u32_max_to_low_ids_skipping_live_and_kept_records() {
-    let clock = TestClock::new();
+    let clock = ManualClock::new();
     let (cp, a, b) = plane(&clock);
     let one = cp.begin_create(a, &req(MAC_A, 1, 0)).unwrap();
     let two = cp.begin_create(b, &req(MAC_B, 2, 0)).unwrap();
@@ -101,7 +76,7 @@ fn ids_wrap_past_u32_max_to_low_ids_skipping_live_and_kept_records() {
 #[test]
 fn a_create_fail_loop_of_one_guest_never_fails_another_guests_creates() {
     const CYCLES: u32 = 100_000;
-    let clock = TestClock::new();
+    let clock = ManualClock::new();
     let (cp, a, b) = plane(&clock);
     // Start close enough to the end of the cycle that the loop wraps around it.
     start_ids_after(&cp, u32::MAX - CYCLES / 2);
