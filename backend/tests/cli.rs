@@ -35,18 +35,20 @@ fn mode_of(path: &Path) -> u32 {
 fn terminate(serve: &mut Serve) {
     // SAFETY: kill with a valid pid of our own child and a valid signal number.
     unsafe { libc::kill(serve.0.id() as i32, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(s) = serve.0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "svnic serve did not exit on SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_exit(serve, 10, "svnic serve did not exit on SIGTERM");
     assert!(status.success(), "{status:?}");
+}
+
+/// Waits up to `secs` for the child to exit; panics with `what` otherwise.
+fn wait_exit(serve: &mut Serve, secs: u64, what: &str) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(s) = serve.0.try_wait().unwrap() {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Runs `svnic serve args`, which must fail; returns its stderr.
@@ -61,17 +63,11 @@ fn serve_must_fail(args: &[String]) -> String {
             .spawn()
             .unwrap(),
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = child.0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "svnic serve {args:?} kept running"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_exit(
+        &mut child,
+        20,
+        &format!("svnic serve {args:?} kept running"),
+    );
     assert_eq!(status.code(), Some(1), "{args:?}");
     let mut err = String::new();
     std::io::Read::read_to_string(&mut child.0.stderr.take().unwrap(), &mut err).unwrap();
