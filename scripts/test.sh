@@ -29,4 +29,4 @@ echo "== fuzz targets, FUZZ_SECONDS (default 45) each (skipped, and said so, wit
 scripts/fuzz-ci.sh
 
 echo "== svnic demo --json (release build; numbers are reported, never asserted)"
-RUST_LOG=warn cargo run --quiet --release -p svnic-backend --bin svnic -- demo --json
+RUST_LOG=warn cargo run --quiet --release -p svnic --bin svnic -- demo --json

@@ -252,7 +252,7 @@ printf '%s\n' "${load_order[@]}" >"$stage/lib/modules/load-order"
 if [ "$build_guest" = 1 ]; then
     say "building the static guest binaries"
     (cd "$repo" && RUSTFLAGS='-C target-feature=+crt-static' \
-        cargo build --release --target x86_64-unknown-linux-gnu -p svnic-guest --bins)
+        cargo build --release --target x86_64-unknown-linux-gnu -p svnic-guest-tools -p svnic-guestd --bins)
 fi
 included=()
 for b in "${guest_bins[@]}"; do

@@ -62,7 +62,7 @@ use support::FakeGuest;
 use svnic_backend::{Engine, EngineConfig, Placement};
 use svnic_channels::layout::{header, DEFAULT_REGION_LEN};
 use svnic_channels::{ChannelAddr, DataRef, Message};
-use svnic_guest::Channel;
+use svnic_client::Channel;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileMemory};
 
 /// Inline payload: the whole 40 bytes a 64-byte message carries.

@@ -21,7 +21,7 @@ use svnic_channels::frame::{
     control_request_id, ControlOp, ControlRequest, ControlResponse, ControlStatus, Frame, FrameBody,
 };
 use svnic_channels::{ChannelId, FailureReason, MacAddr};
-use svnic_control::{log_limited, CreateRequest, GuestId};
+use svnic_control_plane::{log_limited, CreateRequest, GuestId};
 
 use crate::engine::{Engine, GuestWaker};
 

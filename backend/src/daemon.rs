@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 
 use log::info;
 use svnic_channels::MacAddr;
-use svnic_control::{ChannelState, GuestId};
+use svnic_control_plane::{ChannelState, GuestId};
 use thiserror::Error;
 use vm_memory::GuestMemoryMmap;
 
@@ -54,7 +54,7 @@ struct Events {
 impl PortEvents for Events {
     fn memory_changed(&self, port: PortId, mem: Option<Arc<GuestMemoryMmap>>) {
         if let Err(e) = self.engine.set_guest_memory(port, mem) {
-            svnic_control::log_limited!(log::Level::Warn, "{port}: memory change: {e}");
+            svnic_control_plane::log_limited!(log::Level::Warn, "{port}: memory change: {e}");
         }
     }
 

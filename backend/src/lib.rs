@@ -9,7 +9,6 @@ pub mod admin;
 pub mod config;
 pub mod control_path;
 pub mod daemon;
-pub mod demo;
 pub mod engine;
 pub mod net;
 pub mod sockets;

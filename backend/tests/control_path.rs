@@ -12,7 +12,7 @@ use svnic_channels::frame::{
     ControlOp, ControlRequest, ControlStatus, CreateRequest, Frame, FrameBody,
 };
 use svnic_channels::{ChannelId, FailureReason, MacAddr};
-use svnic_control::GuestId;
+use svnic_control_plane::GuestId;
 
 #[derive(Default)]
 struct Recorder(Mutex<Vec<(GuestId, Vec<u8>)>>);
@@ -364,7 +364,7 @@ fn undeliverable_engine_frames_are_counted_and_their_warnings_limited() {
         .filter(|(level, msg)| *level == log::Level::Warn && msg.contains("could not be queued"))
         .count();
     // One budget per second of the call site; the loop takes far less than a few seconds.
-    let per_window = svnic_control::log_limit::LINES_PER_WINDOW as usize;
+    let per_window = svnic_control_plane::log_limit::LINES_PER_WINDOW as usize;
     assert!(
         (1..=3 * per_window).contains(&warnings),
         "{warnings} warnings for 1000 undeliverable frames"

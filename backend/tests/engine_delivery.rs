@@ -154,7 +154,7 @@ fn quick_engine() -> Engine {
 }
 
 fn one_completion(
-    a: &mut svnic_guest::Channel,
+    a: &mut svnic_client::Channel,
     waker: &EventWaker,
 ) -> (u64, CompletionStatus, u32) {
     let got = completions(&recv_n(a, waker, 1, T));
@@ -165,7 +165,7 @@ fn one_completion(
 /// Asserts that `a`'s next messages hold exactly one completion, and that it is `expected`.
 #[track_caller]
 fn assert_one_completion(
-    a: &mut svnic_guest::Channel,
+    a: &mut svnic_client::Channel,
     waker: &EventWaker,
     expected: (u64, CompletionStatus, u32),
 ) {
@@ -381,18 +381,18 @@ mod support_raw {
     use vm_memory::Bytes;
 
     fn mem(
-        ch: &svnic_guest::Channel,
+        ch: &svnic_client::Channel,
     ) -> (svnic_channels::SharedRegion, svnic_channels::ChannelLayout) {
         (ch.region().clone(), *ch.layout())
     }
 
     /// Writes a u32 into the channel header at `off`.
-    pub fn scribble(ch: &svnic_guest::Channel, off: usize, value: u32) {
+    pub fn scribble(ch: &svnic_client::Channel, off: usize, value: u32) {
         let (r, _) = mem(ch);
         r.slice().write_obj(value, off).unwrap();
     }
 
-    fn push_ring(ring_off: usize, head_off: usize, ch: &svnic_guest::Channel, raw: RawMessage) {
+    fn push_ring(ring_off: usize, head_off: usize, ch: &svnic_client::Channel, raw: RawMessage) {
         let (r, l) = mem(ch);
         let m = ChannelMem::new(r.slice(), l).unwrap();
         let s = m.slice();
@@ -409,7 +409,7 @@ mod support_raw {
 
     /// Pushes raw bytes into the TX ring behind the client's back (the client's own queue must
     /// be flushed and empty). Rings the doorbell through a flush.
-    pub fn push_raw(ch: &mut svnic_guest::Channel, bytes: [u8; 64]) {
+    pub fn push_raw(ch: &mut svnic_client::Channel, bytes: [u8; 64]) {
         ch.flush().unwrap();
         let l = *ch.layout();
         push_ring(
@@ -421,7 +421,7 @@ mod support_raw {
     }
 
     pub fn push_raw_dma(
-        ch: &mut svnic_guest::Channel,
+        ch: &mut svnic_client::Channel,
         dest: ChannelAddr,
         cookie: u64,
         offset: u64,
@@ -436,7 +436,7 @@ mod support_raw {
         push_raw(ch, m.encode().0);
     }
 
-    pub fn push_raw_post(ch: &mut svnic_guest::Channel, cookie: u64, offset: u64, len: u32) {
+    pub fn push_raw_post(ch: &mut svnic_client::Channel, cookie: u64, offset: u64, len: u32) {
         ch.flush().unwrap();
         let l = *ch.layout();
         let m = Message::PostBuffer(PostBuffer {
@@ -494,13 +494,13 @@ fn a_channel_is_reachable_as_soon_as_its_creation_succeeds() {
 /// the test rings it.
 struct MutedDoorbell;
 
-impl svnic_guest::Doorbell for MutedDoorbell {
+impl svnic_client::Doorbell for MutedDoorbell {
     fn ring(&self, _channel_id: u32) {}
 }
 
 /// A channel of `g` (4096-slot rings) whose client never rings the engine's doorbell, and the
 /// guest address of its region.
-fn open_muted(g: &mut FakeGuest, endpoint: u32) -> (svnic_guest::Channel, u64) {
+fn open_muted(g: &mut FakeGuest, endpoint: u32) -> (svnic_client::Channel, u64) {
     let len = svnic_channels::layout::DEFAULT_REGION_LEN;
     g.open_with_doorbell(endpoint, 4096, len, std::sync::Arc::new(MutedDoorbell))
         .unwrap()

@@ -14,7 +14,7 @@ use support::*;
 use svnic_backend::{Engine, EngineConfig};
 use svnic_channels::message::FLAG_COMPLETE;
 use svnic_channels::{ChannelId, CompletionStatus, DataRef, Message};
-use svnic_guest::Channel;
+use svnic_client::Channel;
 use vm_memory::{Bytes, GuestAddress};
 
 const T: Duration = Duration::from_secs(30);

@@ -14,8 +14,8 @@ use svnic_backend::{Engine, GuestWaker, RunState};
 use svnic_channels::{
     ChannelAddr, ChannelId, CompletionStatus, FailureReason, Message, SharedRegion,
 };
-use svnic_control::{CreateRequest, GuestPolicy};
-use svnic_guest::Channel;
+use svnic_client::Channel;
+use svnic_control_plane::{CreateRequest, GuestPolicy};
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
 
 const T: Duration = Duration::from_secs(10);
@@ -38,7 +38,7 @@ fn table(file: &File) -> Arc<GuestMemoryMmap> {
 }
 
 struct VhostGuest {
-    id: svnic_control::GuestId,
+    id: svnic_control_plane::GuestId,
     mac: svnic_channels::MacAddr,
     file: File,
     waker: Arc<EventWaker>,

@@ -220,7 +220,7 @@ fn no_wakeup_is_lost_across_many_sleep_wake_transitions() {
     .unwrap();
     let (ga, gb, mut a, mut b) = guest_pair(&engine);
     // Clients sleep as soon as nothing is there: every round is a sleep/wake transition.
-    let eager = svnic_guest::WaitPolicy {
+    let eager = svnic_client::WaitPolicy {
         spins: 0,
         yields: 0,
     };

@@ -8,7 +8,7 @@ mod net_support;
 use std::time::{Duration, Instant};
 
 use net_support::{eth, mac, payload, Event, Net, TestFrontend, TIMEOUT};
-use svnic_control::GuestId;
+use svnic_control_plane::GuestId;
 
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()

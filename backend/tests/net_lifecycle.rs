@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use net_support::{eth, mac, payload, wait_for_log, Event, Net, TestFrontend, MEM_SIZE, TIMEOUT};
-use svnic_control::GuestId;
+use svnic_control_plane::GuestId;
 use vhost::VhostBackend;
 
 const QUIET: Duration = Duration::from_millis(200);

@@ -16,8 +16,8 @@ use svnic_backend::config::{DaemonConfig, EngineOverrides};
 use svnic_backend::daemon::Daemon;
 use svnic_backend::net::sigbus_guard;
 use svnic_channels::{MacAddr, Message};
-use svnic_control::GuestId;
-use svnic_guest::virtio_user::HostGuest;
+use svnic_control_plane::GuestId;
+use svnic_host_frontend::HostGuest;
 use vhost::vhost_user::VhostUserFrontend;
 use vhost::{VhostBackend, VringConfigData};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
@@ -142,7 +142,7 @@ fn assert_closed_by_the_daemon(stream: &UnixStream) {
     }
 }
 
-fn recv(ch: &mut svnic_guest::Channel, g: &HostGuest, n: usize) -> Vec<Message> {
+fn recv(ch: &mut svnic_client::Channel, g: &HostGuest, n: usize) -> Vec<Message> {
     let w = g.waiter(ch);
     let mut out = Vec::new();
     let deadline = Instant::now() + T;

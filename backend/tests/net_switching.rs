@@ -9,7 +9,7 @@ use net_support::{eth, mac, payload, Event, Net, TestFrontend, HDR_LEN, RX_BUFFE
 use svnic_backend::net::PortStats;
 use svnic_channels::frame::{ControlResponse, ControlStatus, Frame, FrameBody, ETHERTYPE};
 use svnic_channels::{ChannelId, MacAddr};
-use svnic_control::GuestId;
+use svnic_control_plane::GuestId;
 
 const QUIET: Duration = Duration::from_millis(200);
 

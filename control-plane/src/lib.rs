@@ -1,4 +1,4 @@
-//! # svnic-control: the control plane of the svnic engine
+//! # svnic-control-plane: the control plane of the svnic engine
 //!
 //! Guests, their policies, their channels' lifecycle, and the routing table the data path reads.
 //! No I/O and no threads: the engine (svnic-backend) calls in from its control path and its

@@ -71,7 +71,7 @@ impl LogLimiter {
 /// per [`WINDOW`]; the next line written says how many were left out.
 ///
 /// ```
-/// use svnic_control::log_limited;
+/// use svnic_control_plane::log_limited;
 /// log_limited!(log::Level::Warn, "guest {} sent garbage", 3);
 /// ```
 #[macro_export]

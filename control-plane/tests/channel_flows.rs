@@ -8,7 +8,7 @@ use std::thread;
 
 use common::*;
 use svnic_channels::{ChannelAddr, ChannelId, FailureReason};
-use svnic_control::{
+use svnic_control_plane::{
     ChannelState, ControlError, ControlPlane, CreateRequest, GuestPolicy, LifecycleEvent,
     PolicyError, TransitionError, MAX_TERMINAL_RECORDS,
 };
@@ -265,8 +265,9 @@ fn guest_names_are_unique_and_policies_validated() {
     assert_eq!(names, ["a", "b"]);
     assert_eq!(cp.guest(b).unwrap().policy, GuestPolicy::new("b", MAC_B));
     assert_eq!(
-        cp.remove_guest(svnic_control::GuestId(99)).unwrap_err(),
-        ControlError::UnknownGuest(svnic_control::GuestId(99))
+        cp.remove_guest(svnic_control_plane::GuestId(99))
+            .unwrap_err(),
+        ControlError::UnknownGuest(svnic_control_plane::GuestId(99))
     );
 }
 

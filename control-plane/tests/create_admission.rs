@@ -7,7 +7,9 @@ mod common;
 use common::*;
 use svnic_channels::layout::{MAX_REGION_LEN, PAGE};
 use svnic_channels::{ChannelId, FailureReason};
-use svnic_control::{ChannelState, ControlPlane, CreateRequest, GuestId, MAX_FAILED_REQUESTS};
+use svnic_control_plane::{
+    ChannelState, ControlPlane, CreateRequest, GuestId, MAX_FAILED_REQUESTS,
+};
 
 fn refused(cp: &ControlPlane<u32>, guest: GuestId, r: CreateRequest) -> FailureReason {
     cp.begin_create(guest, &r).unwrap_err()
@@ -190,7 +192,7 @@ fn region_overlaps_a_live_channel_of_the_same_guest() {
 fn regions_of_different_guests_may_coincide() {
     let (cp, a) = plane_with_guest_a();
     let b = cp
-        .add_guest(svnic_control::GuestPolicy::new("b", MAC_B))
+        .add_guest(svnic_control_plane::GuestPolicy::new("b", MAC_B))
         .unwrap();
     cp.begin_create(a, &req(1, 0)).unwrap();
     cp.begin_create(

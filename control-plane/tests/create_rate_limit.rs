@@ -5,11 +5,11 @@ mod common;
 
 use std::time::Duration;
 
-use svnic_control::manual_clock::ManualClock;
+use svnic_control_plane::manual_clock::ManualClock;
 
 use common::*;
 use svnic_channels::FailureReason;
-use svnic_control::{ControlPlane, CreateRequest, GuestId, GuestPolicy};
+use svnic_control_plane::{ControlPlane, CreateRequest, GuestId, GuestPolicy};
 
 /// Guests "a" (MAC_A, policy tweaked by `tweak_a`) and "b" (MAC_B, defaults) on `clock`.
 fn plane(

@@ -7,7 +7,7 @@ use std::collections::{BTreeSet, HashSet};
 use proptest::prelude::*;
 use svnic_channels::layout::PAGE;
 use svnic_channels::{ChannelId, FailureReason, MacAddr};
-use svnic_control::{ChannelState, ControlPlane, CreateRequest, GuestId, GuestPolicy};
+use svnic_control_plane::{ChannelState, ControlPlane, CreateRequest, GuestId, GuestPolicy};
 
 const MACS: [MacAddr; 3] = [
     MacAddr([0x52, 0x54, 0, 0, 0, 0]),

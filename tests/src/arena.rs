@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use svnic_guest::virtio_user::HostGuest;
+use svnic_host_frontend::HostGuest;
 
 use crate::daemon_proc::{svnic_binary, GuestSpec, ScratchDir, ServeOptions, Svnic};
 use crate::polite_pair::{PolitePair, GUEST_MEMORY, LEG_TIMEOUT};

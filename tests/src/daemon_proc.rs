@@ -117,25 +117,23 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// The `svnic` binary: `$SVNIC_BIN` if set, else the workspace's release build, brought up to
-/// date with `cargo build --release -p svnic-backend --bin svnic`. Release, because scripts/test.sh
-/// builds exactly that for `svnic demo` anyway (so in CI this is a no-op), and because a debug
-/// build from here would be built without the dev-dependency features `cargo test --workspace`
-/// unifies in, recompiling half the workspace.
+/// The `svnic` binary: `$SVNIC_BIN` if set, else [`workspace_binary`]`("svnic", "svnic")`.
 pub fn svnic_binary() -> Result<PathBuf, String> {
     if let Some(bin) = std::env::var_os("SVNIC_BIN") {
         return Ok(PathBuf::from(bin));
     }
+    workspace_binary("svnic", "svnic")
+}
+
+/// A binary of the workspace's release build, brought up to date with
+/// `cargo build --release -p PACKAGE --bin BIN`. Release, because scripts/test.sh builds the
+/// binaries that way for `svnic demo` and the guest image anyway (so in CI this is a no-op), and
+/// because a debug build from here would be built without the dev-dependency features
+/// `cargo test --workspace` unifies in, recompiling half the workspace.
+pub fn workspace_binary(package: &str, bin: &str) -> Result<PathBuf, String> {
     let root = repo_root();
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let args = [
-        "build",
-        "--release",
-        "-p",
-        "svnic-backend",
-        "--bin",
-        "svnic",
-    ];
+    let args = ["build", "--release", "-p", package, "--bin", bin];
     let status = Command::new(&cargo)
         .args(args)
         .current_dir(&root)
@@ -146,11 +144,11 @@ pub fn svnic_binary() -> Result<PathBuf, String> {
     }
     let target =
         std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
-    let bin = target.join("release/svnic");
-    if bin.is_file() {
-        Ok(bin)
+    let path = target.join("release").join(bin);
+    if path.is_file() {
+        Ok(path)
     } else {
-        Err(format!("{} was not built", bin.display()))
+        Err(format!("{} was not built", path.display()))
     }
 }
 

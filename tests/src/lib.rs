@@ -7,6 +7,8 @@
 
 pub mod arena;
 pub mod daemon_proc;
+pub mod guest_tool;
+pub mod hub_device;
 pub mod net_frontend;
 pub mod polite_pair;
 pub mod raw_frontend;

@@ -6,8 +6,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use svnic_channels::{ChannelAddr, MacAddr, Message};
-use svnic_guest::virtio_user::HostGuest;
-use svnic_guest::Channel;
+use svnic_client::Channel;
+use svnic_host_frontend::HostGuest;
 
 /// How long one leg of a round trip may take (generous: the machine may be loaded).
 pub const LEG_TIMEOUT: Duration = Duration::from_secs(10);

@@ -12,12 +12,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use log::{info, warn};
-use svnic_control::log_limited;
+use svnic_control_plane::log_limited;
 use thiserror::Error;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{AdminRequest, AdminResponse, AdminSource};
-use crate::sockets::bind::effective_uid;
+use crate::sockets::sys::effective_uid;
 use crate::sockets::{
     bind_socket, next_connection, Backoff, PeerFilter, SocketAccess, SocketError, StopWatch,
 };

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use svnic_channels::MacAddr;
-use svnic_control::GuestPolicy;
+use svnic_control_plane::GuestPolicy;
 use thiserror::Error;
 
 use crate::engine::{EngineConfig, Placement};
@@ -492,7 +492,7 @@ impl DaemonConfig {
     /// Who may use the admin socket: its mode, and the daemon's own uid, root and the
     /// configured uids.
     pub fn admin_access(&self) -> SocketAccess {
-        let mut uids = vec![crate::sockets::bind::effective_uid(), 0];
+        let mut uids = vec![crate::sockets::sys::effective_uid(), 0];
         for uid in &self.admin_allow_uids {
             if !uids.contains(uid) {
                 uids.push(*uid);

@@ -126,7 +126,7 @@ fn socket_access_and_admin_settings_load_from_a_toml_file() {
     let admin = c.admin_access();
     let uids = admin.allow_uids.unwrap();
     assert!(uids.contains(&0) && uids.contains(&1000), "{uids:?}");
-    assert!(uids.contains(&crate::sockets::bind::effective_uid()));
+    assert!(uids.contains(&crate::sockets::sys::effective_uid()));
     // The command line replaces the file's admin settings, validated the same way.
     c.override_admin(Some("0600"), &[2000]).unwrap();
     assert_eq!(

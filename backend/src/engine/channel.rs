@@ -16,7 +16,7 @@ use svnic_channels::{
     ChannelAddr, ChannelId, ChannelLayout, ChannelMem, Completion, CompletionStatus, Consumer,
     FaultReason, Message, Producer, RawMessage, RingError, RingKind, SharedRegion,
 };
-use svnic_control::GuestId;
+use svnic_control_plane::GuestId;
 
 use super::counters::ChannelCounters;
 use super::rx_lock::{RxGuard, RxLock};

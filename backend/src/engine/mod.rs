@@ -24,7 +24,7 @@ use log::{debug, info, warn};
 use svnic_channels::{
     ChannelAddr, ChannelId, ChannelLayout, FailureReason, RegionError, SharedRegion,
 };
-use svnic_control::{
+use svnic_control_plane::{
     ChannelRecord, ChannelState, ControlPlane, CreateRequest, GuestId, GuestPolicy,
 };
 use thiserror::Error;
@@ -52,7 +52,7 @@ pub enum EngineError {
     Spawn(#[source] std::io::Error),
     /// The guest registry refused the request.
     #[error("guest registry: {0}")]
-    Control(#[from] svnic_control::ControlError),
+    Control(#[from] svnic_control_plane::ControlError),
     /// No such guest.
     #[error("no guest with id {0}")]
     NoSuchGuest(u32),
@@ -221,7 +221,7 @@ impl Engine {
             None => {
                 let n = self.destroy_guest_channels(guest);
                 if n > 0 {
-                    svnic_control::log_limited!(
+                    svnic_control_plane::log_limited!(
                         log::Level::Info,
                         "guest {}: memory gone, {n} channel(s) destroyed",
                         guest.0
@@ -358,7 +358,7 @@ impl Engine {
             backing,
         }));
         if let Err(e) = ch.mem().init_header(id.0, worker as u32, w.cpu) {
-            svnic_control::log_limited!(
+            svnic_control_plane::log_limited!(
                 log::Level::Warn,
                 "{id}: cannot initialise channel header: {e}"
             );
@@ -368,7 +368,7 @@ impl Engine {
         w.attach(ch.clone());
         if let Err(e) = control.complete_create(id, ch.clone(), worker as u32, w.cpu) {
             // Destroyed while pending (guest went away): undo.
-            svnic_control::log_limited!(log::Level::Warn, "{id}: creation overtaken: {e}");
+            svnic_control_plane::log_limited!(log::Level::Warn, "{id}: creation overtaken: {e}");
             ch.close();
             w.detach(id);
             lock(&self.inner.channels).remove(&id);
@@ -415,7 +415,7 @@ impl Engine {
             debug!("{id} ({}) destroyed: {:?}", ch.addr, ch.counters.snapshot());
         }
         if let Err(e) = self.inner.control.finish_destroy(id) {
-            svnic_control::log_limited!(log::Level::Warn, "{id}: finishing destroy: {e}");
+            svnic_control_plane::log_limited!(log::Level::Warn, "{id}: finishing destroy: {e}");
         }
     }
 

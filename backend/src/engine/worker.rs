@@ -19,7 +19,7 @@ use svnic_channels::layout::header;
 use svnic_channels::{
     ChannelAddr, ChannelId, CompletionStatus, Consumer, FaultReason, RawMessage, RingKind,
 };
-use svnic_control::{RoutingSnapshot, RoutingTable};
+use svnic_control_plane::{RoutingSnapshot, RoutingTable};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::channel::{completion, EngineChannel};

@@ -210,7 +210,7 @@ impl NetDevice {
 
     /// Guest memory vanished under the daemon (zero memory stands in): the connection ends.
     fn memory_vanished(&self, fault: GuestMemoryFault) {
-        svnic_control::log_limited!(
+        svnic_control_plane::log_limited!(
             log::Level::Warn,
             "{}: guest memory at {:#x} vanished under the daemon (file truncated, hole punched or \
              hugepage pool exhausted); closing the connection ({} such faults in all)",

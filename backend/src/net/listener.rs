@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use log::{info, warn, Level};
-use svnic_control::log_limited;
+use svnic_control_plane::log_limited;
 use thiserror::Error;
 use vhost::vhost_user::{Error as VhostUserError, Listener};
 use vhost_user_backend::{Error as DaemonError, ShutdownHandle, VhostUserDaemon};

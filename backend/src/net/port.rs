@@ -23,7 +23,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::frame_pool::PooledFrame;
 
 /// A port is named by the guest it belongs to.
-pub type PortId = svnic_control::GuestId;
+pub type PortId = svnic_control_plane::GuestId;
 
 /// What the device reports to the rest of the daemon. Implemented by the daemon.
 ///

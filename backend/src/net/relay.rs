@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use svnic_control::log_limited;
+use svnic_control_plane::log_limited;
 use thiserror::Error;
 use vhost::vhost_user::message::{MAX_ATTACHED_FD_ENTRIES, MAX_MSG_SIZE};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;

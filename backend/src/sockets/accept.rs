@@ -8,7 +8,7 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::time::Duration;
 
-use svnic_control::log_limited;
+use svnic_control_plane::log_limited;
 
 /// The first wait after an accept error.
 pub const FIRST_DELAY: Duration = Duration::from_millis(10);

@@ -9,18 +9,16 @@
 //! - the socket gets its mode (and group) between bind and listen, so the umask never decides
 //!   who may connect and nobody can connect before it is set.
 
-use std::ffi::OsStr;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use thiserror::Error;
+use super::error::SocketError;
+use super::sys::{effective_uid, socket_address};
+use super::DEFAULT_SOCKET_DIR;
 
-/// The directory of the default admin socket; created 0700 when missing.
-pub const DEFAULT_SOCKET_DIR: &str = "/run/svnic";
 /// The mode of a socket unless configured otherwise: the daemon's user only.
 pub const DEFAULT_SOCKET_MODE: u32 = 0o600;
 /// Connections waiting to be accepted.
@@ -65,96 +63,12 @@ pub fn parse_mode(s: &str) -> Result<u32, &'static str> {
     Ok(mode)
 }
 
-/// Why a socket could not be created where asked.
-#[derive(Debug, Error)]
-pub enum SocketError {
-    /// The directory is missing (or is not a directory).
-    #[error("{path}: the directory {dir} does not exist or is not a directory; create it (mode 0700) or choose another path")]
-    NoDirectory {
-        /// The socket path.
-        path: PathBuf,
-        /// Its directory.
-        dir: PathBuf,
-    },
-    /// Someone other than the daemon's user or root owns the directory.
-    #[error("{path}: the directory {dir} is owned by uid {owner}, not by this daemon (uid {euid}) or root, so its owner could replace the socket; choose a directory of your own such as {DEFAULT_SOCKET_DIR}")]
-    DirectoryNotOurs {
-        /// The socket path.
-        path: PathBuf,
-        /// Its directory.
-        dir: PathBuf,
-        /// The directory's owner.
-        owner: u32,
-        /// The daemon's effective uid.
-        euid: u32,
-    },
-    /// Other users may create and remove files in the directory.
-    #[error("{path}: the directory {dir} (mode {mode:04o}) is writable by group or others without the sticky bit, so they could replace the socket; use a private directory such as {DEFAULT_SOCKET_DIR}")]
-    DirectoryWritable {
-        /// The socket path.
-        path: PathBuf,
-        /// Its directory.
-        dir: PathBuf,
-        /// The directory's mode bits.
-        mode: u32,
-    },
-    /// Something that is not a socket is at the path.
-    #[error("{path} exists and is not a socket; remove it or choose another path")]
-    NotASocket {
-        /// The path.
-        path: PathBuf,
-    },
-    /// A socket of another user is at the path.
-    #[error("{path} is a socket owned by uid {owner}, not by this daemon (uid {euid}); svnic serve does not take over a path it does not own")]
-    NotOurs {
-        /// The path.
-        path: PathBuf,
-        /// The socket's owner.
-        owner: u32,
-        /// The daemon's effective uid.
-        euid: u32,
-    },
-    /// A live socket is at the path.
-    #[error("{path} is already served by another process")]
-    InUse {
-        /// The path.
-        path: PathBuf,
-    },
-    /// The path does not fit in a Unix socket address.
-    #[error("{path}: a Unix socket path may have at most {max} bytes, this one has {len}")]
-    PathTooLong {
-        /// The path.
-        path: PathBuf,
-        /// Its length in bytes.
-        len: usize,
-        /// The limit.
-        max: usize,
-    },
-    /// A system call failed.
-    #[error("{path}: cannot {op}: {source}")]
-    Io {
-        /// The path.
-        path: PathBuf,
-        /// What was being done.
-        op: &'static str,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
-}
-
 fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(io::Error) -> SocketError + 'a {
     move |source| SocketError::Io {
         path: path.into(),
         op,
         source,
     }
-}
-
-/// The daemon's effective uid.
-pub fn effective_uid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
 }
 
 /// Binds and listens on `path` with `access`'s mode and group, after checking the rules of this
@@ -247,34 +161,6 @@ fn clear_stale(path: &Path, euid: u32) -> Result<(), SocketError> {
         return Err(SocketError::InUse { path: path.into() });
     }
     std::fs::remove_file(path).map_err(io_err(path, "remove the stale socket"))
-}
-
-pub(crate) fn socket_address(
-    path: &Path,
-) -> Result<(libc::sockaddr_un, libc::socklen_t), SocketError> {
-    // SAFETY: sockaddr_un is plain data for which all zeroes is a valid value.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let bytes = OsStr::as_bytes(path.as_os_str());
-    // One byte stays for the terminating NUL.
-    let max = addr.sun_path.len().saturating_sub(1);
-    if bytes.len() > max || bytes.is_empty() {
-        return Err(SocketError::PathTooLong {
-            path: path.into(),
-            len: bytes.len(),
-            max,
-        });
-    }
-    for (slot, byte) in addr.sun_path.iter_mut().zip(bytes) {
-        *slot = *byte as libc::c_char;
-    }
-    let len = std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1;
-    let len = libc::socklen_t::try_from(len).map_err(|_| SocketError::PathTooLong {
-        path: path.into(),
-        len: bytes.len(),
-        max,
-    })?;
-    Ok((addr, len))
 }
 
 /// socket, bind, chown/chmod, listen: the mode is set before anyone can connect.

@@ -9,13 +9,17 @@
 
 pub mod accept;
 pub mod bind;
+pub mod error;
 pub mod peer;
+pub mod sys;
 
 #[cfg(test)]
 pub(crate) mod test_support;
 
 pub use accept::{next_connection, Backoff, StopWatch};
-pub use bind::{
-    bind_socket, parse_mode, SocketAccess, SocketError, DEFAULT_SOCKET_DIR, DEFAULT_SOCKET_MODE,
-};
+pub use bind::{bind_socket, parse_mode, SocketAccess, DEFAULT_SOCKET_MODE};
+pub use error::SocketError;
 pub use peer::{peer_uid, PeerFilter};
+
+/// The directory of the default admin socket; created 0700 when missing.
+pub const DEFAULT_SOCKET_DIR: &str = "/run/svnic";

@@ -8,7 +8,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use svnic_control::log_limited;
+use svnic_control_plane::log_limited;
 
 /// The uid of the process at the other end of `stream`, as the kernel recorded it at connect.
 pub fn peer_uid(stream: &UnixStream) -> io::Result<u32> {
@@ -105,7 +105,7 @@ mod tests {
         let (server_side, _) = listener.accept().unwrap();
         assert_eq!(
             peer_uid(&server_side).unwrap(),
-            crate::sockets::bind::effective_uid()
+            crate::sockets::sys::effective_uid()
         );
     }
 

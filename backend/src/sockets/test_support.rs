@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use vmm_sys_util::tempdir::TempDir;
 
-use super::bind::socket_address;
+use super::sys::socket_address;
 
 /// A 0700 scratch directory, removed when dropped.
 pub(crate) struct Scratch(TempDir);
@@ -23,7 +23,7 @@ pub(crate) fn private_dir(tag: &str) -> Scratch {
 }
 
 pub(crate) fn is_root() -> bool {
-    super::bind::effective_uid() == 0
+    super::sys::effective_uid() == 0
 }
 
 /// What a connection made by another uid saw.

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use svnic_backend::net::{serve_port, PortEvents, PortId, StopSignal, Switch, SwitchConfig};
 use svnic_channels::MacAddr;
-use svnic_control::GuestId;
+use svnic_control_plane::GuestId;
 use vhost::vhost_user::message::{
     VhostUserConfigFlags, VhostUserHeaderFlag, VhostUserProtocolFeatures,
 };

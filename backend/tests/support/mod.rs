@@ -1,5 +1,5 @@
 //! Test support: fake guests, each with its own guest memory (vm-memory over anonymous mappings),
-//! whose channels are driven by the real client library (`svnic_guest::Channel`), touching the
+//! whose channels are driven by the real client library (`svnic_client::Channel`), touching the
 //! rings only as a guest would.
 #![allow(dead_code, clippy::unwrap_used)]
 
@@ -12,8 +12,8 @@ use svnic_channels::layout::DEFAULT_REGION_LEN;
 use svnic_channels::{
     ChannelAddr, ChannelId, DataRef, FailureReason, MacAddr, Message, SharedRegion,
 };
-use svnic_control::{CreateRequest, GuestId, GuestPolicy};
-use svnic_guest::{Channel, Doorbell, Waiter};
+use svnic_client::{Channel, Doorbell, Waiter};
+use svnic_control_plane::{CreateRequest, GuestId, GuestPolicy};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 

@@ -3,7 +3,7 @@
 
 use svnic_channels::layout::DEFAULT_REGION_LEN;
 use svnic_channels::{EndpointId, MacAddr};
-use svnic_control::{ControlPlane, CreateRequest, GuestId, GuestPolicy};
+use svnic_control_plane::{ControlPlane, CreateRequest, GuestId, GuestPolicy};
 
 pub const MAC_A: MacAddr = MacAddr([0x52, 0x54, 0, 0, 0, 0xa]);
 pub const MAC_A2: MacAddr = MacAddr([0x52, 0x54, 0, 0, 1, 0xa]);

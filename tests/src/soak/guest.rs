@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use svnic_channels::{ChannelAddr, CompletionStatus, DataRef, Message};
-use svnic_guest::virtio_user::HostGuest;
-use svnic_guest::Channel;
+use svnic_client::Channel;
+use svnic_host_frontend::HostGuest;
 
 use super::{soak_mac, Rng};
 

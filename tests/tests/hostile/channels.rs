@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use svnic_channels::layout::header;
 use svnic_channels::{CompletionStatus, DataRef, FaultReason, Message};
-use svnic_guest::virtio_user::HostGuest;
-use svnic_guest::Channel;
+use svnic_client::Channel;
+use svnic_host_frontend::HostGuest;
 use svnic_tests::arena::{Arena, Bounds};
 use svnic_tests::polite_pair::{GUEST_MEMORY, LEG_TIMEOUT};
 use vm_memory::Bytes;

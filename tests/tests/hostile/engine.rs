@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use svnic_channels::frame::{ControlOp, ControlRequest, CreateRequest, Frame, FrameBody};
 use svnic_channels::{CompletionStatus, DataRef, MacAddr, Message};
-use svnic_guest::channel::WaitPolicy;
-use svnic_guest::control_client::CreateState;
-use svnic_guest::virtio_user::HostGuest;
+use svnic_client::channel::WaitPolicy;
+use svnic_host_frontend::host_guest::CreateState;
+use svnic_host_frontend::HostGuest;
 use svnic_tests::arena::{Arena, Bounds};
 use svnic_tests::polite_pair::{test_frame, GUEST_MEMORY, LEG_TIMEOUT};
 

@@ -190,7 +190,7 @@ fn attack_05_a_blocking_pipe_as_call_fd() {
     drop(f);
     let socket = arena.socket("evil");
     let back = run_with_timeout(LEG_TIMEOUT + LEG_TIMEOUT, move || {
-        let g = svnic_guest::virtio_user::HostGuest::connect(&socket, GUEST_MEMORY)
+        let g = svnic_host_frontend::HostGuest::connect(&socket, GUEST_MEMORY)
             .map_err(|e| format!("connect: {e}"))?;
         g.create_channel(3, 256, LEG_TIMEOUT)
             .map(|ch| (g, ch))

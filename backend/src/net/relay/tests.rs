@@ -33,7 +33,7 @@ fn relayed_with_timeout(write_timeout: Duration) -> Pair {
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     }
     let relay = Relay::spawn_with_timeout(
-        svnic_control::GuestId(1),
+        svnic_control_plane::GuestId(1),
         frontend_end,
         daemon_end,
         write_timeout,

@@ -4,7 +4,7 @@ use std::sync::Mutex;
 
 use svnic_channels::frame::{ControlResponse, ControlStatus, ETHERTYPE};
 use svnic_channels::ChannelId;
-use svnic_control::GuestId;
+use svnic_control_plane::GuestId;
 use vm_memory::GuestMemoryMmap;
 
 use super::*;

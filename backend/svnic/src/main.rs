@@ -1,0 +1,217 @@
+//! `svnic`: the host daemon (`serve`), its operator view (`ctl`), and the demo (`demo`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use svnic_backend::admin::{query, render, AdminRequest};
+use svnic_backend::config::{DaemonConfig, EngineOverrides, DEFAULT_ADMIN_SOCKET};
+use svnic_backend::daemon::{block_termination_signals, wait_for_termination, Daemon};
+use svnic_guest_tools::demo::{run_demo, DemoOptions};
+
+/// `--guest`'s help (a string, not a doc comment: rustdoc would read its brackets as links).
+const GUEST_HELP: &str = "A guest: name=NAME,socket=PATH,mac=MAC[,endpoints=A-B][,channels=N]
+[,max_region_mib=M][,create_burst=N][,creates_per_sec=N][,socket_mode=0600]
+[,socket_group=GID][,allow_uids=UID,UID...]. The socket's directory must be owned by this
+user or root and not writable by others unless sticky (/tmp is fine); socket_mode (default
+0600) and socket_group decide who may connect, and allow_uids, if given, refuses frontends
+of any other uid. create_burst and creates_per_sec bound its channel creates (default 64
+at once, 200 per second).";
+
+#[derive(Parser)]
+#[command(
+    name = "svnic",
+    version,
+    about = "svnic: a self-virtualized NIC for virtual machines (vhost-user backend)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve guests, each on its own vhost-user socket, until SIGINT/SIGTERM.
+    Serve {
+        /// TOML configuration file (guests and engine settings).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(
+            long = "guest",
+            value_name = "SPEC",
+            help = GUEST_HELP,
+        )]
+        guests: Vec<String>,
+        /// Engine worker threads.
+        #[arg(long)]
+        workers: Option<usize>,
+        /// TX messages per channel per worker pass.
+        #[arg(long)]
+        poll_budget: Option<u32>,
+        /// DMA-data bytes per channel per worker pass, in KiB (a larger message is copied in
+        /// pieces of this size, one per pass).
+        #[arg(long, value_name = "KIB")]
+        byte_budget_kib: Option<u64>,
+        /// How long a message may wait for room before its sender gets an error completion.
+        #[arg(long, value_name = "MS")]
+        backpressure_wait_ms: Option<u64>,
+        /// Worker placement: endpoint-hash or least-loaded.
+        #[arg(long)]
+        placement: Option<String>,
+        /// Pin worker i to CPU i (and tell clients which CPU serves them).
+        #[arg(long)]
+        pin_workers: bool,
+        /// The operator socket for `svnic ctl` [default: /run/svnic/admin.sock; /run/svnic is
+        /// created 0700 if missing].
+        #[arg(long, value_name = "PATH")]
+        admin_socket: Option<PathBuf>,
+        /// The admin socket's mode (octal) [default: 0600].
+        #[arg(long, value_name = "MODE")]
+        admin_socket_mode: Option<String>,
+        /// A uid allowed on the admin socket besides this daemon's own and root (repeatable).
+        #[arg(long = "admin-allow-uid", value_name = "UID")]
+        admin_allow_uids: Vec<u32>,
+    },
+    /// Ask a running daemon: guests, channels, or engine counters.
+    Ctl {
+        /// What to show.
+        #[arg(value_parser = ["guests", "channels", "engine"])]
+        what: String,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// The daemon's operator socket.
+        #[arg(long, value_name = "PATH", default_value = DEFAULT_ADMIN_SOCKET)]
+        admin_socket: PathBuf,
+    },
+    /// Start the backend and two host-process guests, and compare the bypass channel with the
+    /// virtio-net path of the same backend (round trip and throughput).
+    Demo {
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Round trips per latency measurement.
+        #[arg(long, default_value_t = 2000)]
+        rounds: usize,
+        /// Messages per throughput measurement over the channel.
+        #[arg(long, default_value_t = 2_000_000)]
+        messages: u64,
+        /// Engine worker threads.
+        #[arg(long, default_value_t = 1)]
+        workers: usize,
+        /// Do not pin the engine worker and the guests to different CPUs.
+        #[arg(long)]
+        no_pin: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    match Cli::parse().command {
+        Command::Serve {
+            config,
+            guests,
+            workers,
+            poll_budget,
+            byte_budget_kib,
+            backpressure_wait_ms,
+            placement,
+            pin_workers,
+            admin_socket,
+            admin_socket_mode,
+            admin_allow_uids,
+        } => {
+            let overrides = EngineOverrides {
+                workers,
+                poll_budget,
+                byte_budget_kib,
+                backpressure_wait_ms,
+                pin_workers,
+                placement,
+            };
+            let loaded = DaemonConfig::load(config.as_deref(), &guests, &overrides, admin_socket)
+                .and_then(|mut c| {
+                    c.override_admin(admin_socket_mode.as_deref(), &admin_allow_uids)?;
+                    Ok(c)
+                });
+            let cfg = match loaded {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("svnic serve: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            block_termination_signals();
+            let daemon = match Daemon::start(&cfg, true) {
+                Ok(d) => d,
+                Err(e) => {
+                    eprintln!("svnic serve: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let sig = wait_for_termination();
+            log::info!("signal {sig}: shutting down");
+            daemon.shutdown();
+            ExitCode::SUCCESS
+        }
+        Command::Ctl {
+            what,
+            json,
+            admin_socket,
+        } => {
+            let req = match what.as_str() {
+                "guests" => AdminRequest::Guests,
+                "channels" => AdminRequest::Channels,
+                _ => AdminRequest::Engine,
+            };
+            match query(&admin_socket, req) {
+                Ok(resp) => {
+                    if json {
+                        match serde_json::to_string_pretty(&resp) {
+                            Ok(s) => println!("{s}"),
+                            Err(e) => {
+                                eprintln!("svnic ctl: {e}");
+                                return ExitCode::FAILURE;
+                            }
+                        }
+                    } else {
+                        print!("{}", render(&resp));
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("svnic ctl: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Demo {
+            json,
+            rounds,
+            messages,
+            workers,
+            no_pin,
+        } => {
+            match run_demo(&DemoOptions {
+                rounds,
+                messages,
+                workers,
+                pin: !no_pin,
+                cpus: 0,
+            }) {
+                Ok(report) => {
+                    if json {
+                        println!("{}", report.to_json());
+                    } else {
+                        print!("{}", report.to_table());
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("svnic demo: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
