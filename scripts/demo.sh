@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-RUST_LOG=${RUST_LOG:-warn} exec cargo run --quiet --release -p svnic --bin svnic -- demo "$@"
+RUST_LOG=${RUST_LOG:-warn} exec cargo run --quiet --release --bin svnic -- demo "$@"

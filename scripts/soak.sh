@@ -15,7 +15,7 @@ if ! [[ $minutes =~ ^[1-9][0-9]*$ ]]; then
 fi
 shift $(($# > 0 ? 1 : 0))
 
-cargo build --release -p svnic --bin svnic -p svnic-tests --bin svnic-soak
+cargo build --release --bin svnic --bin svnic-soak
 target=${CARGO_TARGET_DIR:-target}
 exec "$target/release/svnic-soak" run --svnic "$target/release/svnic" \
     --seconds $((minutes * 60)) "$@"

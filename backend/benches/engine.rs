@@ -32,13 +32,12 @@
 //!   per-sample ratios of memcpy time to engine time (the engine's bandwidth as a fraction of
 //!   memcpy's, measured over the same moments) and their median go to
 //!   `<criterion dir>/dma/<size>/engine_vs_memcpy/paired.json`, on which
-//!   `scripts/bench-summary.sh` judges the DMA target. This host's pace changes from second to
-//!   second: the ratio of two rows measured seconds apart moved by up to 30 points between
-//!   runs.
+//!   `scripts/bench-summary.sh` judges the DMA target. Compare the engine with memcpy only
+//!   through this row: on a host whose pace drifts, two rows measured seconds apart do not
+//!   compare (docs/performance.md, Method).
 //!   After the engine rows, a line gives the time of a plain memcpy of the message into each
-//!   of the receiver's posted buffers (see [`DmaBench::print_copy_times_per_buffer`]): on this
-//!   machine `rep movsb` is about 1.5x slower at some page placements (the engine's AVX2 copy
-//!   is not).
+//!   of the receiver's posted buffers (see [`DmaBench::print_copy_times_per_buffer`]): glibc's
+//!   `rep movsb` can be slower at some page placements, the engine's AVX2 copy is not.
 //! - `dma/<size>/engine_burst`: the worker alone in batches, as `forward/user_data_1w_burst`:
 //!   [`DMA_BURST`] messages queued at once into [`DMA_BURST`] posted buffers, timed until the
 //!   worker has published them all (see [`DmaBench::burst`]).
@@ -558,11 +557,10 @@ impl DmaBench {
 impl DmaBench {
     /// Prints how long a plain memcpy of the message takes into each of the receiver's buffers
     /// (best of 5 x 2000 copies each, from the bench thread), next to `memcpy_vec`'s copy of
-    /// `vec_src` into `vec_dst`. glibc's `rep movsb` is about 1.5x slower for some pairs of
-    /// source and destination pages on this machine, reproducibly within a process; the engine
-    /// copies with its own AVX2 loop, which is not (see `engine/vector_copy.rs`), so a slow
-    /// buffer here shows the placement, and `memcpy_vec` may be on such a pair too. Call it
-    /// with nothing in flight.
+    /// `vec_src` into `vec_dst`. glibc's `rep movsb` is slower for some pairs of source and
+    /// destination pages, reproducibly within a process; the engine copies with its own AVX2
+    /// loop, which is not (see `engine/vector_copy.rs`), so a slow buffer here shows the
+    /// placement, and `memcpy_vec` may be on such a pair too. Call it with nothing in flight.
     fn print_copy_times_per_buffer(&self, vec_src: &[u8], vec_dst: &mut [u8]) {
         let len = self.size as usize;
         let tx = self.pair.tx.region().slice();
@@ -691,7 +689,7 @@ fn dma(c: &mut Criterion) {
 
         // Both windows page-aligned, like the engine's buffers: with malloc's 16-byte alignment
         // the destination can land 1..63 bytes after the source modulo 4 KiB, where glibc's
-        // `rep movsb` is 15-25x slower on this machine (see `copy_data` in deliver.rs), and the
+        // `rep movsb` is an order of magnitude slower (see `copy_data` in deliver.rs), and the
         // baseline would be meaningless.
         let len = size as usize;
         let src_buf = vec![0x3cu8; len + 4096];

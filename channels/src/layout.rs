@@ -20,14 +20,9 @@
 //!
 //! Every index and flag has a 128-byte block (two cache lines) of its own, so that the two sides
 //! never write the same line, nor lines that the hardware fetches together: x86 CPUs prefetch the
-//! other line of a 128-byte pair along with the one that missed (AMD Zen 3 and Intel alike). With
-//! one line each (layout version 1), the guest polling `rx_head` also took the `tx_tail` line
-//! next to it, and reading `engine_sleeping` took `post_tail`, so each of the engine's releases
-//! had to fetch its own line back from the guest's core first. On this project's machine, when
-//! the guest's core was far away (scripts/core-latency.c), that cost the worker about 95 ns per
-//! 64 KiB DMA-data message: releasing those two indices only at the end of a pass saved that
-//! much with one line per index, and nothing once they were 128 bytes apart (README,
-//! Benchmarks).
+//! other line of a 128-byte pair along with the one that missed (AMD Zen 3 and Intel alike), and
+//! an index sharing a pair with one the other side polls must be fetched back before each write.
+//! docs/performance.md (History) has the measurement behind this layout (version 2).
 //!
 //! Indices are free-running `u32` counters (slot = index & (ring_size - 1)).
 

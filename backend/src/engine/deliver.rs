@@ -456,13 +456,12 @@ const SPLIT_PIECE: usize = 2048;
 /// [`vector_copy`] where the CPU has AVX2: `rep movsb` is also slow at some page placements (see
 /// that module). Otherwise:
 ///
-/// `memcpy` through `rep movsb` (glibc on x86-64 CPUs with ERMS/FSRM, such as the project
-/// machine's AMD EPYC) is 15 to 25 times slower when the destination lies 1 to 63 bytes after
-/// the source modulo 4 KiB: measured 1.5-2.5 GiB/s instead of 25-45 GiB/s for 4 KiB and 64 KiB.
-/// Both offsets are chosen by guests, so without this a sender could make its copies, and the
-/// worker that serves every channel, an order of magnitude slower. In that case the copy is made
-/// in pieces of at most [`SPLIT_PIECE`] bytes, which glibc copies with vector loads and stores
-/// (20-30 GiB/s measured). Any other distance takes the single `memcpy`.
+/// `memcpy` through `rep movsb` (glibc on x86-64 CPUs with ERMS/FSRM, such as AMD EPYC) is an
+/// order of magnitude slower when the destination lies 1 to 63 bytes after the source modulo
+/// 4 KiB (figures in docs/performance.md, History). Both offsets are chosen by guests, so
+/// without this a sender could make its copies, and the worker that serves every channel, that
+/// much slower. In that case the copy is made in pieces of at most [`SPLIT_PIECE`] bytes, which
+/// glibc copies with vector loads and stores. Any other distance takes the single `memcpy`.
 fn copy_data(from: &VolatileSlice<'_>, to: &VolatileSlice<'_>) -> Result<(), VolatileMemoryError> {
     let (from_guard, to_guard) = (from.ptr_guard(), to.ptr_guard_mut());
     let src = from_guard.as_ptr() as usize;

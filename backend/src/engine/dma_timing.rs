@@ -1,5 +1,5 @@
 //! Where a worker's time goes around DMA-data copies: built only with the `dma-timing` feature,
-//! for the `dma/*` benches (see `scripts/dma-phases.sh`).
+//! for the `dma/*` benches (see `scripts/research/dma-phases.sh`).
 //!
 //! Each worker thread records, for every DMA-data copy, how long the copy took and how long it
 //! spent since the end of its previous copy (the *gap*: taking the next message, validating it,

@@ -1,12 +1,11 @@
 //! The DMA-data copy loop: 256-bit loads and stores, used instead of `memcpy` on CPUs with AVX2.
 //!
-//! glibc copies large buffers with `rep movsb` on CPUs with ERMS/FSRM. On the project machine's
-//! AMD EPYC that instruction is 1.5 to 2.7 times slower for some pairs of source and destination
-//! pages (1 destination position in 20 to 50 in scans of a 64 MiB mapping, reproducible within a
-//! process: 2.1-4.0 µs instead of 1.4 µs for 64 KiB), and the engine's DMA rate fell with it
-//! whenever a guest's posted buffer happened to sit on such a page. This loop copied the same
-//! pairs in 1.3-2.6 µs, most at its usual speed, and ran 5-7 % faster than `memcpy` at ordinary
-//! placements. Without AVX2 the caller falls back to `memcpy`.
+//! glibc copies large buffers with `rep movsb` on CPUs with ERMS/FSRM, and on some CPUs (AMD
+//! EPYC among them) that instruction is markedly slower for some pairs of source and destination
+//! pages, reproducibly within a process; the engine's DMA rate would then depend on where a
+//! guest's posted buffer happens to sit. This loop does not have that weakness and is no slower
+//! than `memcpy` at ordinary placements (figures in docs/performance.md, History). Without AVX2
+//! the caller falls back to `memcpy`.
 
 /// Copies `len` bytes from `src` to `dst` with AVX2 loads and stores. Returns false, having
 /// copied nothing, if the CPU lacks AVX2 (or is not x86-64).

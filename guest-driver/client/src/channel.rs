@@ -18,11 +18,9 @@ use thiserror::Error;
 use vm_memory::{Bytes, VolatileMemory};
 
 /// How many ring slots ahead the client asks the CPU to load. Every slot's cache line goes back
-/// and forth between the guest's core and the engine worker's, and on this project's VMs the
-/// time that takes varies about 3x from one minute to the next (the two-thread ring bench ran
-/// 5-18 M msgs/s on the same build). Loading lines this far ahead overlaps those waits: in 11
-/// demo runs interleaved with runs without it, the streaming medians were 7.7-10.2 M msgs/s in
-/// 9 runs (4.3-6 M in the others) against 3.8-9.6 M without.
+/// and forth between the guest's core and the engine worker's, and loading lines this far ahead
+/// overlaps those transfers instead of waiting for each one (the engine does the same). How much
+/// it gains on a host whose cross-core latency varies is in docs/performance.md (History).
 const PREFETCH_AHEAD: u32 = 8;
 
 /// Something that tells the engine "this channel has new work" (a doorbell frame through the NIC,

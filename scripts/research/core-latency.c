@@ -6,10 +6,10 @@
 // On this project's machine (a 2-vCPU KVM guest on AMD EPYC) it prints about 27-75 ns in some
 // periods and 225-300 ns (mostly about 270) in others: the host runs the two vCPUs on nearby or on distant cores,
 // and every cache line the engine and a guest hand each other costs accordingly. The DMA-data
-// rows of the engine bench move with it (see README, Benchmarks, and scripts/dma-phases.sh).
+// rows of the engine bench move with it (see docs/performance.md, and scripts/research/dma-phases.sh).
 //
 // Not part of the build or of the tests:
-//   gcc -O2 -pthread scripts/core-latency.c -o /tmp/core-latency && /tmp/core-latency [ROUNDS]
+//   gcc -O2 -pthread scripts/research/core-latency.c -o /tmp/core-latency && /tmp/core-latency [ROUNDS]
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>

@@ -3,16 +3,16 @@
 # by callgrind in the DMA-data path's own functions (delivery, TX parse and peek, publish,
 # completions). Unlike the timed benches, the count does not move with the host's pace, so two
 # builds can be compared exactly; the DMA-data path's cost beyond the bare exchange
-# (scripts/dma-ceiling.c) is mostly instructions (see README, Benchmarks).
+# (scripts/research/dma-ceiling.c) is mostly instructions (see docs/performance.md).
 #
-#   scripts/dma-instructions.sh            # builds the bench, runs it under valgrind (~2-3 min)
+#   scripts/research/dma-instructions.sh            # builds the bench, runs it under valgrind (~2-3 min)
 #
 # Needs valgrind (apt install valgrind). Functions the compiler inlines into the worker loop are
 # not counted; the copy is recognised by its loop (13 instructions per 128 bytes).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 command -v valgrind >/dev/null || { echo "needs valgrind (apt install valgrind)" >&2; exit 1; }
-bin=$(scripts/bench-binary.sh)
+bin=$(scripts/research/bench-binary.sh)
 out=$(mktemp -d)
 toggles=()
 for f in 'svnic_backend::engine::deliver::DestRun::deliver' \

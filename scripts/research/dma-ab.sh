@@ -3,14 +3,14 @@
 # engine bench of each (in temporary worktrees, sharing the repository's target directory), then
 # runs the row alternately, A then B, for ROUNDS rounds, and prints both series with their mean,
 # minimum and how often B beat A in the same round. This host's pace changes over seconds to
-# minutes (scripts/core-latency.c shows it), so only runs made alternately compare; a round
+# minutes (scripts/research/core-latency.c shows it), so only runs made alternately compare; a round
 # prints the cross-core latency before it.
 #
-#   scripts/dma-ab.sh REV_A REV_B [ROUNDS]     # default 10 rounds, about 15 s each after the builds
+#   scripts/research/dma-ab.sh REV_A REV_B [ROUNDS]     # default 10 rounds, about 15 s each after the builds
 #
-# e.g. scripts/dma-ab.sh HEAD~1 HEAD 12. Needs gcc and 2 CPUs.
+# e.g. scripts/research/dma-ab.sh HEAD~1 HEAD 12. Needs gcc and 2 CPUs.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 [ $# -ge 2 ] || { sed -n '2,11p' "$0" >&2; exit 2; }
 rounds=${3:-10}
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "dma-ab: ROUNDS must be a positive number, not '$rounds'" >&2; exit 2; }
@@ -24,11 +24,11 @@ cleanup() {
 }
 trap cleanup EXIT
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$repo/target}
-gcc -O2 -pthread scripts/core-latency.c -o "$work/core-latency"
+gcc -O2 -pthread scripts/research/core-latency.c -o "$work/core-latency"
 for x in a b; do
     rev=$([ $x = a ] && echo "$1" || echo "$2")
     git worktree add --quiet --detach "$work/$x" "$rev"
-    bin=$(cd "$work/$x" && "$repo/scripts/bench-binary.sh" --manifest-path "$work/$x/Cargo.toml")
+    bin=$(cd "$work/$x" && "$repo/scripts/research/bench-binary.sh" --manifest-path "$work/$x/Cargo.toml")
     cp "$bin" "$work/bench-$x"
     echo "$x = $rev ($(git rev-parse --short "$rev"))"
 done

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds the engine bench (backend/benches/engine.rs) without running it and prints the path of
 # its binary; any arguments are passed to cargo (e.g. --features dma-timing, or --manifest-path of
-# another checkout). Used by scripts/dma-instructions.sh, dma-phases.sh and dma-ab.sh.
+# another checkout). Used by dma-instructions.sh, dma-phases.sh and dma-ab.sh (beside it).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 cargo bench -p svnic-backend --bench engine --no-run --message-format=json "$@" |
     python3 -c 'import json, sys
 for line in sys.stdin:

@@ -7,7 +7,7 @@
 // chunks each way), and prints the median of the per-sample ratios, as the bench row does.
 //
 // Not part of the build or of the tests; a measurement to read next to the bench:
-//   gcc -O2 -mavx2 -pthread scripts/dma-ceiling.c -o /tmp/dma-ceiling && /tmp/dma-ceiling 5
+//   gcc -O2 -mavx2 -pthread scripts/research/dma-ceiling.c -o /tmp/dma-ceiling && /tmp/dma-ceiling 5
 // (the argument is the number of runs; it needs 2 CPUs and AVX2).
 #define _GNU_SOURCE
 #include <immintrin.h>
