@@ -13,6 +13,9 @@ vm-images/build.sh --build-guest
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
+echo "== module cycles (scripts/check-module-cycles.py)"
+python3 scripts/check-module-cycles.py
+
 echo "== cargo clippy (warnings are errors)"
 cargo clippy --workspace --all-targets -- -D warnings
 # The bench-only timing of DMA-data copies (feature dma-timing, off in normal builds).
