@@ -93,6 +93,16 @@ struct GuestEntry {
     refused_peers: Arc<AtomicU64>,
 }
 
+/// Whether [`Daemon::start`] opens the operator socket ([`DaemonConfig::admin_socket`]) for
+/// `svnic ctl`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AdminSocket {
+    /// Open it and answer operator requests (`svnic serve`).
+    Serve,
+    /// No operator socket (the demo, tests).
+    Off,
+}
+
 /// A running daemon. [`Daemon::shutdown`] (or drop) stops listeners and removes sockets.
 pub struct Daemon {
     engine: Engine,
@@ -113,9 +123,9 @@ impl std::fmt::Debug for Daemon {
 }
 
 impl Daemon {
-    /// Starts the engine, the switch, every guest's listener and (if `with_admin`) the admin
-    /// socket.
-    pub fn start(config: &DaemonConfig, with_admin: bool) -> Result<Self, DaemonError> {
+    /// Starts the engine, the switch, every guest's listener and, with
+    /// [`AdminSocket::Serve`], the admin socket.
+    pub fn start(config: &DaemonConfig, admin: AdminSocket) -> Result<Self, DaemonError> {
         let engine = Engine::new(config.engine.clone())?;
         let events = Arc::new(Events {
             engine: engine.clone(),
@@ -161,7 +171,7 @@ impl Daemon {
             });
         }
         daemon.guests = Arc::new(guests);
-        if with_admin {
+        if admin == AdminSocket::Serve {
             let view = Arc::new(DaemonView {
                 engine,
                 switch,

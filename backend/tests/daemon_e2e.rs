@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use net_support::TestFrontend;
 use svnic_backend::admin::{AdminRequest, AdminResponse, AdminSource};
 use svnic_backend::config::{DaemonConfig, EngineOverrides};
-use svnic_backend::daemon::Daemon;
+use svnic_backend::daemon::{AdminSocket, Daemon};
 use svnic_channels::frame::{
     ControlOp, ControlRequest, ControlStatus, CreateRequest, Frame, FrameBody,
 };
@@ -58,7 +58,7 @@ impl Setup {
         let cfg =
             DaemonConfig::load(None, &specs, &overrides, Some(dir.join("admin.sock"))).unwrap();
         Setup {
-            daemon: Some(Daemon::start(&cfg, false).unwrap()),
+            daemon: Some(Daemon::start(&cfg, AdminSocket::Off).unwrap()),
             dir,
         }
     }

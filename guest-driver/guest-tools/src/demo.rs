@@ -20,7 +20,7 @@ use svnic_host_frontend::HostGuest;
 use thiserror::Error;
 
 use svnic_backend::config::{DaemonConfig, EngineOverrides};
-use svnic_backend::daemon::Daemon;
+use svnic_backend::daemon::{AdminSocket, Daemon};
 
 /// Demo settings.
 #[derive(Debug, Clone)]
@@ -161,7 +161,8 @@ pub fn run_demo(opts: &DemoOptions) -> Result<DemoReport, DemoError> {
     };
     let config = DaemonConfig::load(None, &specs, &overrides, Some(dir.join("admin.sock")))
         .map_err(|e| DemoError::Setup(e.to_string()))?;
-    let daemon = Daemon::start(&config, false).map_err(|e| DemoError::Setup(e.to_string()))?;
+    let daemon =
+        Daemon::start(&config, AdminSocket::Off).map_err(|e| DemoError::Setup(e.to_string()))?;
     // The engine pins its workers from the first CPU this process may use; the guests go on
     // the last one.
     let guest_cpu = pin
