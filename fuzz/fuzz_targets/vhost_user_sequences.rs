@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
 use svnic_backend::config::{DaemonConfig, EngineOverrides};
-use svnic_backend::daemon::{AdminSocket, Daemon};
+use svnic_backend::daemon::Daemon;
 use svnic_channels::Message as ChannelMessage;
 use svnic_fuzz::vhost_user_input::{
     req, Addr, Attach, Body, Input, Message, Region, MAX_FDS, MAX_MEMFD, MAX_MESSAGES,
@@ -93,7 +93,7 @@ impl Fixture {
         };
         let cfg = DaemonConfig::load(None, &[spec], &overrides, Some(dir.join("admin.sock")))
             .expect("daemon config");
-        let daemon = Daemon::start(&cfg, AdminSocket::Off).expect("daemon starts");
+        let daemon = Daemon::start(&cfg, false).expect("daemon starts");
         // The first probe brings up whatever the daemon sets up lazily before the baseline.
         probe(&socket);
         let fd_baseline = settle_fds(usize::MAX).expect("fd count settles");
