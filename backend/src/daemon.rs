@@ -1,4 +1,4 @@
-//! The daemon: one engine, one switch, one vhost-user listener per guest, the control path
+//! The daemon: one engine, one switch, one vhost-user listener per guest, the frame handler
 //! between them, and the admin socket. `svnic serve` and `svnic demo` both run this.
 
 use std::collections::HashMap;
@@ -18,8 +18,8 @@ use crate::admin::{
     GuestView, WorkerView,
 };
 use crate::config::DaemonConfig;
-use crate::control_path::{ControlPath, FrameOut};
 use crate::engine::{Engine, EngineError, RunState};
+use crate::frame_handler::{FrameHandler, FrameOut};
 use crate::net::{
     ListenerError, PortEvents, PortId, PortListener, StopSignal, Switch, SwitchConfig, SwitchError,
 };
@@ -45,10 +45,10 @@ pub enum DaemonError {
     Io(#[from] std::io::Error),
 }
 
-/// What the switch reports, turned into engine and control-path calls.
+/// What the switch reports, turned into engine and frame-handler calls.
 struct Events {
     engine: Engine,
-    control: OnceLock<Arc<ControlPath>>,
+    frame_handler: OnceLock<Arc<FrameHandler>>,
 }
 
 impl PortEvents for Events {
@@ -59,8 +59,8 @@ impl PortEvents for Events {
     }
 
     fn svnic_frame(&self, port: PortId, frame: &[u8]) {
-        if let Some(cp) = self.control.get() {
-            cp.handle(port, frame);
+        if let Some(h) = self.frame_handler.get() {
+            h.handle(port, frame);
         }
     }
 
@@ -75,7 +75,7 @@ impl PortEvents for Events {
     }
 }
 
-/// The control path answers through the switch.
+/// The frame handler answers through the switch.
 struct SwitchOut(Arc<Switch>);
 
 impl FrameOut for SwitchOut {
@@ -93,11 +93,21 @@ struct GuestEntry {
     refused_peers: Arc<AtomicU64>,
 }
 
+/// Whether [`Daemon::start`] opens the operator socket ([`DaemonConfig::admin_socket`]) for
+/// `svnic ctl`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AdminSocket {
+    /// Open it and answer operator requests (`svnic serve`).
+    Serve,
+    /// No operator socket (the demo, tests).
+    Off,
+}
+
 /// A running daemon. [`Daemon::shutdown`] (or drop) stops listeners and removes sockets.
 pub struct Daemon {
     engine: Engine,
     switch: Arc<Switch>,
-    control: Arc<ControlPath>,
+    frame_handler: Arc<FrameHandler>,
     stop: StopSignal,
     listeners: Vec<JoinHandle<()>>,
     admin: Option<AdminServer>,
@@ -113,23 +123,23 @@ impl std::fmt::Debug for Daemon {
 }
 
 impl Daemon {
-    /// Starts the engine, the switch, every guest's listener and (if `with_admin`) the admin
-    /// socket.
-    pub fn start(config: &DaemonConfig, with_admin: bool) -> Result<Self, DaemonError> {
+    /// Starts the engine, the switch, every guest's listener and, with
+    /// [`AdminSocket::Serve`], the admin socket.
+    pub fn start(config: &DaemonConfig, admin: AdminSocket) -> Result<Self, DaemonError> {
         let engine = Engine::new(config.engine.clone())?;
         let events = Arc::new(Events {
             engine: engine.clone(),
-            control: OnceLock::new(),
+            frame_handler: OnceLock::new(),
         });
         let switch = Switch::new(events.clone(), SwitchConfig::default());
-        let control = ControlPath::new(engine.clone(), Arc::new(SwitchOut(switch.clone())));
-        let _ = events.control.set(control.clone());
+        let frame_handler = FrameHandler::new(engine.clone(), Arc::new(SwitchOut(switch.clone())));
+        let _ = events.frame_handler.set(frame_handler.clone());
         let stop = StopSignal::new()?;
         let mut guests = Vec::new();
         let mut daemon = Daemon {
             engine: engine.clone(),
             switch: switch.clone(),
-            control: control.clone(),
+            frame_handler: frame_handler.clone(),
             stop: stop.clone(),
             listeners: Vec::new(),
             admin: None,
@@ -140,7 +150,7 @@ impl Daemon {
             let macs = policy.macs.clone();
             let name = policy.name.clone();
             let id = engine.register_guest(policy, None)?;
-            engine.set_guest_waker(id, Some(control.waker(id, macs[0])))?;
+            engine.set_guest_waker(id, Some(frame_handler.waker(id, macs[0])))?;
             switch.add_port(id, &macs)?;
             let listener = PortListener::bind_with(&g.socket, &g.access)?;
             let refused_peers = listener.refused_peers();
@@ -161,11 +171,11 @@ impl Daemon {
             });
         }
         daemon.guests = Arc::new(guests);
-        if with_admin {
+        if admin == AdminSocket::Serve {
             let view = Arc::new(DaemonView {
                 engine,
                 switch,
-                control,
+                frame_handler,
                 guests: daemon.guests.clone(),
             });
             let options = AdminOptions {
@@ -195,7 +205,7 @@ impl Daemon {
         DaemonView {
             engine: self.engine.clone(),
             switch: self.switch.clone(),
-            control: self.control.clone(),
+            frame_handler: self.frame_handler.clone(),
             guests: self.guests.clone(),
         }
     }
@@ -257,7 +267,7 @@ fn termination_set() -> libc::sigset_t {
 struct DaemonView {
     engine: Engine,
     switch: Arc<Switch>,
-    control: Arc<ControlPath>,
+    frame_handler: Arc<FrameHandler>,
     guests: Arc<Vec<GuestEntry>>,
 }
 
@@ -282,7 +292,7 @@ impl AdminSource for DaemonView {
                             macs: g.macs.iter().map(|m| m.to_string()).collect(),
                             socket: g.socket.display().to_string(),
                             connected: s.is_some_and(|s| s.link_up),
-                            channels: self.engine.control().live_channels_of(g.id).len(),
+                            channels: self.engine.control_plane().live_channels_of(g.id).len(),
                             frames_in: s.map_or(0, |s| s.tx_frames),
                             frames_out: s.map_or(0, |s| s.rx_frames),
                             drops: s.map_or(0, |s| s.drops.total()),
@@ -325,7 +335,7 @@ impl AdminSource for DaemonView {
                 AdminResponse::Channels { channels }
             }
             AdminRequest::Engine => {
-                let c = self.control.counters();
+                let c = self.frame_handler.counters();
                 AdminResponse::Engine(EngineView {
                     workers: self
                         .engine
@@ -344,7 +354,7 @@ impl AdminSource for DaemonView {
                     control_requests: c.requests.load(Relaxed),
                     doorbells: c.doorbells.load(Relaxed),
                     wakes: c.wakes.load(Relaxed),
-                    control_drops: c.dropped.load(Relaxed),
+                    svnic_frame_drops: c.dropped.load(Relaxed),
                     switch_drops: self.switch.stats().iter().map(|s| s.drops.total()).sum(),
                     creates_succeeded: c.creates_succeeded.load(Relaxed),
                     creates_refused: c.creates_refused.load(Relaxed),

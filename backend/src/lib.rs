@@ -1,15 +1,18 @@
 //! # svnic-backend: the svnic host daemon as a library
 //!
-//! - [`engine`]: the communications engine (workers polling channels, delivery, control path).
+//! - [`engine`]: the communications engine (workers polling channels, delivery, channel creation and
+//!   teardown).
+//! - [`frame_handler`]: svnic frames from guests (control requests, doorbells) to the engine, and
+//!   its responses and wakes back.
 //!
 //! The binaries around it stay thin.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod admin;
 pub mod config;
-pub mod control_path;
 pub mod daemon;
 pub mod engine;
+pub mod frame_handler;
 pub mod net;
 pub mod sockets;
 

@@ -1,4 +1,4 @@
-//! The control path, frames in and frames out: Pending then Success or Failure, destroy, doorbells,
+//! The frame handler, frames in and frames out: Pending then Success or Failure, destroy, doorbells,
 //! wakes, and the frames a guest must not be able to use.
 #![allow(clippy::unwrap_used)]
 
@@ -7,7 +7,7 @@ mod support;
 use std::sync::{Arc, Mutex};
 
 use support::*;
-use svnic_backend::control_path::{ControlPath, FrameOut};
+use svnic_backend::frame_handler::{FrameHandler, FrameOut};
 use svnic_channels::frame::{
     ControlOp, ControlRequest, ControlStatus, CreateRequest, Frame, FrameBody,
 };
@@ -77,7 +77,7 @@ fn create(
 fn create_answers_pending_then_success_from_the_engine_mac() {
     let engine = engine(1);
     let out = Arc::new(Recorder::default());
-    let cp = ControlPath::new(engine.clone(), out.clone());
+    let cp = FrameHandler::new(engine.clone(), out.clone());
     let g = FakeGuest::new(&engine, 1, 8);
     cp.handle(g.id, &request(g.mac, 7, create(g.mac, 3, 256, 0, 2 << 20)));
     let frames = out.take();
@@ -110,7 +110,7 @@ fn create_answers_pending_then_success_from_the_engine_mac() {
 fn each_refusal_is_a_failure_with_its_reason() {
     let engine = engine(1);
     let out = Arc::new(Recorder::default());
-    let cp = ControlPath::new(engine.clone(), out.clone());
+    let cp = FrameHandler::new(engine.clone(), out.clone());
     let g = FakeGuest::with_policy(&engine, 1, 8, |p| p.max_channels = 1);
     let mb = 1u64 << 20;
     cp.handle(g.id, &request(g.mac, 1, create(g.mac, 1, 100, 0, mb)));
@@ -151,7 +151,7 @@ fn each_refusal_is_a_failure_with_its_reason() {
 fn a_malformed_request_is_answered_bad_request_and_garbage_is_dropped() {
     let engine = engine(1);
     let out = Arc::new(Recorder::default());
-    let cp = ControlPath::new(engine.clone(), out.clone());
+    let cp = FrameHandler::new(engine.clone(), out.clone());
     let g = FakeGuest::new(&engine, 1, 8);
     let mut bytes = request(g.mac, 9, create(g.mac, 1, 64, 0, 1 << 20));
     bytes[18 + 5] = 0x7f; // an unknown op
@@ -176,7 +176,7 @@ fn a_malformed_request_is_answered_bad_request_and_garbage_is_dropped() {
 fn a_guest_cannot_speak_for_another_guest() {
     let engine = engine(1);
     let out = Arc::new(Recorder::default());
-    let cp = ControlPath::new(engine.clone(), out.clone());
+    let cp = FrameHandler::new(engine.clone(), out.clone());
     let ga = FakeGuest::new(&engine, 1, 8);
     let gb = FakeGuest::new(&engine, 2, 8);
     // A spoofs B's MAC as source: dropped, nothing created, nothing answered.
@@ -229,7 +229,7 @@ fn a_guest_cannot_speak_for_another_guest() {
 fn the_waker_sends_wake_frames_to_the_guest() {
     let engine = engine(1);
     let out = Arc::new(Recorder::default());
-    let cp = ControlPath::new(engine.clone(), out.clone());
+    let cp = FrameHandler::new(engine.clone(), out.clone());
     let g = FakeGuest::new(&engine, 1, 8);
     cp.waker(g.id, g.mac).wake(ChannelId(5));
     let frames = out.take();
@@ -289,7 +289,7 @@ fn a_create_fail_loop_is_rate_limited_counted_and_kept_out_of_the_info_log() {
     capture_logs();
     let engine = engine(1);
     let out = Arc::new(Recorder::default());
-    let cp = ControlPath::new(engine.clone(), out.clone());
+    let cp = FrameHandler::new(engine.clone(), out.clone());
     let g = FakeGuest::with_policy(&engine, 1, 8, |p| {
         p.create_burst = 4;
         p.creates_per_sec = 1;
@@ -348,7 +348,7 @@ impl FrameOut for Full {
 fn undeliverable_engine_frames_are_counted_and_their_warnings_limited() {
     capture_logs();
     let engine = engine(1);
-    let cp = ControlPath::new(engine.clone(), Arc::new(Full));
+    let cp = FrameHandler::new(engine.clone(), Arc::new(Full));
     let g = FakeGuest::new(&engine, 1, 8);
     let waker = cp.waker(g.id, g.mac);
     for i in 0..1000 {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use net_support::TestFrontend;
 use svnic_backend::admin::{AdminRequest, AdminResponse, AdminSource};
 use svnic_backend::config::{DaemonConfig, EngineOverrides};
-use svnic_backend::daemon::Daemon;
+use svnic_backend::daemon::{AdminSocket, Daemon};
 use svnic_channels::frame::{
     ControlOp, ControlRequest, ControlStatus, CreateRequest, Frame, FrameBody,
 };
@@ -58,7 +58,7 @@ impl Setup {
         let cfg =
             DaemonConfig::load(None, &specs, &overrides, Some(dir.join("admin.sock"))).unwrap();
         Setup {
-            daemon: Some(Daemon::start(&cfg, false).unwrap()),
+            daemon: Some(Daemon::start(&cfg, AdminSocket::Off).unwrap()),
             dir,
         }
     }
@@ -488,8 +488,8 @@ fn a_guest_killed_mid_traffic_is_torn_down_and_can_come_back() {
         );
     }
     // The dead guest's channels are gone; the daemon still serves the others.
-    let guest2 = engine.control().guest_by_name("g2").unwrap();
-    net_support_wait(|| engine.control().live_channels_of(guest2).is_empty());
+    let guest2 = engine.control_plane().guest_by_name("g2").unwrap();
+    net_support_wait(|| engine.control_plane().live_channels_of(guest2).is_empty());
     let g3 = s.guest(3);
     let mut c = g3.create_channel(3, 256, T).unwrap();
     a.send_user(

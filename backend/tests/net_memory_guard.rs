@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use net_support::{eth, mac, payload, Event, Net, TestFrontend, QUEUE_SIZE, RX, TX};
 use svnic_backend::config::{DaemonConfig, EngineOverrides};
-use svnic_backend::daemon::Daemon;
+use svnic_backend::daemon::{AdminSocket, Daemon};
 use svnic_backend::net::sigbus_guard;
 use svnic_channels::{MacAddr, Message};
 use svnic_control_plane::GuestId;
@@ -54,7 +54,7 @@ impl Setup {
         let cfg =
             DaemonConfig::load(None, &specs, &overrides, Some(dir.join("admin.sock"))).unwrap();
         Setup {
-            daemon: Some(Daemon::start(&cfg, false).unwrap()),
+            daemon: Some(Daemon::start(&cfg, AdminSocket::Off).unwrap()),
             dir,
         }
     }

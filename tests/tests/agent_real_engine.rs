@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use svnic_backend::control_path::{ControlPath, FrameOut};
+use svnic_backend::frame_handler::{FrameHandler, FrameOut};
 use svnic_backend::{Engine, EngineConfig};
 use svnic_channels::MacAddr;
 use svnic_control_plane::{GuestId, GuestPolicy};
@@ -81,7 +81,7 @@ impl Vm {
             .unwrap();
         let (nic, wire) = DatagramNic::pair(MAC).unwrap();
         let control =
-            ControlPath::new(engine.clone(), Arc::new(WireOut(wire.try_clone().unwrap())));
+            FrameHandler::new(engine.clone(), Arc::new(WireOut(wire.try_clone().unwrap())));
         engine
             .set_guest_waker(guest, Some(control.waker(guest, MAC)))
             .unwrap();
@@ -136,7 +136,10 @@ impl Vm {
     }
 
     fn live_in_engine(&self) -> usize {
-        self.engine.control().live_channels_of(self.guest).len()
+        self.engine
+            .control_plane()
+            .live_channels_of(self.guest)
+            .len()
     }
 
     fn tool(&self, name: &str, args: &[&str]) -> Tool {
@@ -346,7 +349,7 @@ fn a_killed_application_has_its_channel_destroyed_before_the_memory_is_freed() {
     echo.wait_ready(LONG);
     assert_eq!(vm.live_in_engine(), 1);
     assert_eq!(vm.memory.free_bytes(), free - HUGEPAGE);
-    let id = vm.engine.control().live_channels_of(vm.guest)[0].id;
+    let id = vm.engine.control_plane().live_channels_of(vm.guest)[0].id;
 
     // The engine hears nothing from the agent for a while.
     vm.paused.store(true, Ordering::Relaxed);

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use svnic_backend::control_path::{ControlPath, FrameOut};
+use svnic_backend::frame_handler::{FrameHandler, FrameOut};
 use svnic_backend::net::{serve_port, PortEvents, PortId, StopSignal, Switch, SwitchConfig};
 use svnic_backend::{Engine, EngineConfig};
 use svnic_channels::layout::DEFAULT_REGION_LEN;
@@ -26,7 +26,7 @@ const LONG: Duration = Duration::from_secs(20);
 /// control responses and wakes back through the switch.
 struct Glue {
     engine: Engine,
-    control: OnceLock<Arc<ControlPath>>,
+    control: OnceLock<Arc<FrameHandler>>,
     switch: OnceLock<Weak<Switch>>,
 }
 
@@ -83,7 +83,7 @@ impl Backend {
         });
         let switch = Switch::new(glue.clone(), SwitchConfig::default());
         let _ = glue.switch.set(Arc::downgrade(&switch));
-        let control = ControlPath::new(engine.clone(), Arc::new(ThroughSwitch(glue.clone())));
+        let control = FrameHandler::new(engine.clone(), Arc::new(ThroughSwitch(glue.clone())));
         let _ = glue.control.set(control.clone());
         engine
             .set_guest_waker(ga, Some(control.waker(ga, A)))

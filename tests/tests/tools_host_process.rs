@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use svnic_backend::config::{DaemonConfig, EngineOverrides};
-use svnic_backend::daemon::Daemon;
+use svnic_backend::daemon::{AdminSocket, Daemon};
 use svnic_channels::MacAddr;
 use tool::spawn;
 
@@ -41,7 +41,7 @@ impl Setup {
         let cfg =
             DaemonConfig::load(None, &specs, &overrides, Some(dir.join("admin.sock"))).unwrap();
         Setup {
-            daemon: Some(Daemon::start(&cfg, false).unwrap()),
+            daemon: Some(Daemon::start(&cfg, AdminSocket::Off).unwrap()),
             dir,
         }
     }

@@ -112,8 +112,8 @@ pub struct EngineView {
     pub doorbells: u64,
     /// Wake frames sent.
     pub wakes: u64,
-    /// svnic frames dropped by the control path.
-    pub control_drops: u64,
+    /// svnic frames dropped by the frame handler (undecodable, spoofed, foreign channel).
+    pub svnic_frame_drops: u64,
     /// Frames dropped by the switch, all ports.
     pub switch_drops: u64,
     /// Creates that became channels.
@@ -326,8 +326,8 @@ pub fn render(resp: &AdminResponse) -> String {
                     .collect::<Vec<_>>(),
             );
             s.push_str(&format!(
-                "control responses {}  doorbells {}  wakes {}  control drops {}  switch drops {}\n",
-                e.control_requests, e.doorbells, e.wakes, e.control_drops, e.switch_drops
+                "control responses {}  doorbells {}  wakes {}  svnic-frame drops {}  switch drops {}\n",
+                e.control_requests, e.doorbells, e.wakes, e.svnic_frame_drops, e.switch_drops
             ));
             s.push_str(&format!(
                 "creates: succeeded {}  refused {} (rate-limited {})  failed {}  \

@@ -318,7 +318,7 @@ struct FileEngine {
     byte_budget_kib: Option<u64>,
     backpressure_wait_ms: Option<u64>,
     max_sleep_ms: Option<u64>,
-    placement: Option<String>,
+    placement: Option<Placement>,
     pin_workers: Option<bool>,
 }
 
@@ -347,21 +347,8 @@ pub struct EngineOverrides {
     pub backpressure_wait_ms: Option<u64>,
     /// Pin workers to CPUs.
     pub pin_workers: bool,
-    /// Placement policy name.
-    pub placement: Option<String>,
-}
-
-fn placement(ctx: &str, s: &str) -> Result<Placement, ConfigError> {
-    match s {
-        "endpoint-hash" => Ok(Placement::EndpointHash),
-        "least-loaded" => Ok(Placement::LeastLoaded),
-        _ => Err(field_err(
-            ctx,
-            "placement",
-            s,
-            "endpoint-hash or least-loaded",
-        )),
-    }
+    /// Placement policy.
+    pub placement: Option<Placement>,
 }
 
 impl DaemonConfig {
@@ -446,8 +433,8 @@ impl DaemonConfig {
         if let Some(ms) = fe.max_sleep_ms {
             engine.max_sleep = Duration::from_millis(ms);
         }
-        if let Some(p) = overrides.placement.as_deref().or(fe.placement.as_deref()) {
-            engine.placement = placement(ctx, p)?;
+        if let Some(p) = overrides.placement.or(fe.placement) {
+            engine.placement = p;
         }
         engine.pin_workers = overrides.pin_workers || fe.pin_workers.unwrap_or(false);
         engine

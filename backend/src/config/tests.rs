@@ -209,6 +209,23 @@ fn a_toml_file_with_engine_settings_loads_and_unknown_keys_fail() {
     std::fs::write(&bad, "[engine]\nworkerz = 2\n").unwrap();
     let e = DaemonConfig::load(Some(&bad), &[], &EngineOverrides::default(), None).unwrap_err();
     assert!(e.to_string().contains("workerz"), "{e}");
+    // A placement outside the accepted ones: the error names the field, the value and the choices.
+    let bad = dir.join("bad-placement.toml");
+    std::fs::write(
+        &bad,
+        "[engine]\nplacement = \"fastest\"\n[[guest]]\nname=\"a\"\nsocket=\"/a\"\nmac=\"52:54:00:00:00:01\"\n",
+    )
+    .unwrap();
+    let e = DaemonConfig::load(Some(&bad), &[], &EngineOverrides::default(), None).unwrap_err();
+    for word in [
+        "bad-placement.toml",
+        "placement",
+        "fastest",
+        "endpoint-hash",
+        "least-loaded",
+    ] {
+        assert!(e.to_string().contains(word), "{word} missing from {e}");
+    }
     let bad = dir.join("bad2.toml");
     std::fs::write(
         &bad,

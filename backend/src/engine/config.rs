@@ -2,10 +2,13 @@
 
 use std::time::Duration;
 
+use serde::Deserialize;
 use thiserror::Error;
 
-/// How a new channel is assigned to a worker.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+/// How a new channel is assigned to a worker. In the configuration file: `placement =
+/// "endpoint-hash"` or `"least-loaded"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Placement {
     /// Open-MX style: a hash of the endpoint id picks the worker, so an endpoint always lands on
     /// the same worker (and CPU) whatever else exists. Stateless and predictable.

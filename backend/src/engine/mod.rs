@@ -37,8 +37,9 @@ pub use worker::{allowed_cpus, pin_to_cpu};
 
 use worker::WorkerHandle;
 
-/// The control plane as the engine instantiates it: routes carry the runtime channel.
-pub(crate) type Control = ControlPlane<Arc<EngineChannel>>;
+/// The engine's control plane (guests, channel records, routing table): routes carry the
+/// runtime channel.
+pub type EngineControlPlane = ControlPlane<Arc<EngineChannel>>;
 
 /// Errors of engine management operations (not of channel requests, which answer with a
 /// [`FailureReason`]).
@@ -52,7 +53,7 @@ pub enum EngineError {
     Spawn(#[source] std::io::Error),
     /// The guest registry refused the request.
     #[error("guest registry: {0}")]
-    Control(#[from] svnic_control_plane::ControlError),
+    ControlPlane(#[from] svnic_control_plane::ControlError),
     /// No such guest.
     #[error("no guest with id {0}")]
     NoSuchGuest(u32),
@@ -79,7 +80,7 @@ struct GuestEntry {
 
 struct Inner {
     config: EngineConfig,
-    control: Arc<Control>,
+    control_plane: Arc<EngineControlPlane>,
     workers: Vec<WorkerHandle>,
     guests: Mutex<HashMap<GuestId, GuestEntry>>,
     channels: Mutex<HashMap<ChannelId, Arc<EngineChannel>>>,
@@ -115,7 +116,7 @@ impl Engine {
     /// Validates `config` and starts the workers.
     pub fn new(config: EngineConfig) -> Result<Self, EngineError> {
         config.validate()?;
-        let control = Arc::new(Control::new());
+        let control_plane = Arc::new(EngineControlPlane::new());
         // Worker i goes on the i-th CPU the caller may use (so that `taskset` is respected).
         let cpus = worker::allowed_cpus();
         let mut workers = Vec::with_capacity(config.workers);
@@ -125,7 +126,7 @@ impl Engine {
                 .then(|| cpus.get(i % cpus.len().max(1)).copied())
                 .flatten();
             workers.push(
-                WorkerHandle::spawn(i, cpu, config.clone(), control.clone())
+                WorkerHandle::spawn(i, cpu, config.clone(), control_plane.clone())
                     .map_err(EngineError::Spawn)?,
             );
         }
@@ -136,7 +137,7 @@ impl Engine {
         Ok(Engine {
             inner: Arc::new(Inner {
                 config,
-                control,
+                control_plane,
                 workers,
                 guests: Mutex::new(HashMap::new()),
                 channels: Mutex::new(HashMap::new()),
@@ -150,8 +151,8 @@ impl Engine {
     }
 
     /// The control plane (guest and channel registry, routing table), for operator views.
-    pub fn control(&self) -> &ControlPlane<Arc<EngineChannel>> {
-        &self.inner.control
+    pub fn control_plane(&self) -> &EngineControlPlane {
+        &self.inner.control_plane
     }
 
     /// Registers a guest with its policy and memory. `waker` is told when a sleeping client of
@@ -174,7 +175,7 @@ impl Engine {
         policy: GuestPolicy,
         waker: Option<Arc<dyn GuestWaker>>,
     ) -> Result<GuestId, EngineError> {
-        let id = self.inner.control.add_guest(policy)?;
+        let id = self.inner.control_plane.add_guest(policy)?;
         lock(&self.inner.guests).insert(
             id,
             GuestEntry {
@@ -262,7 +263,7 @@ impl Engine {
     /// Destroys every channel of the guest (each acknowledged by its worker), then forgets the
     /// guest and drops its memory. Nothing of the engine touches that memory afterwards.
     pub fn remove_guest(&self, guest: GuestId) -> Result<(), EngineError> {
-        for teardown in self.inner.control.remove_guest(guest)? {
+        for teardown in self.inner.control_plane.remove_guest(guest)? {
             self.teardown(teardown.record.id);
         }
         // Teardowns begun by someone else (a concurrent destroy) finish in their own call; wait
@@ -270,7 +271,7 @@ impl Engine {
         // (Each channel keeps its own reference to the mapping, so this orders the teardown; it
         // does not guard the memory. Bounded, so a stuck teardown cannot hang the caller.)
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !self.inner.control.live_channels_of(guest).is_empty() {
+        while !self.inner.control_plane.live_channels_of(guest).is_empty() {
             if std::time::Instant::now() > deadline {
                 warn!(
                     "guest {}: channel teardowns still pending after 10 s",
@@ -289,7 +290,7 @@ impl Engine {
     pub fn destroy_guest_channels(&self, guest: GuestId) -> usize {
         let ids: Vec<ChannelId> = self
             .inner
-            .control
+            .control_plane
             .live_channels_of(guest)
             .into_iter()
             .map(|r| r.id)
@@ -301,23 +302,26 @@ impl Engine {
         n
     }
 
-    /// Control path, step 1: policy checks and reservation. The channel is Pending on success.
+    /// Channel creation, step 1 (the control plane's admission): policy checks and reservation.
+    /// The channel is Pending on success.
     pub fn begin_create(
         &self,
         guest: GuestId,
         req: &CreateRequest,
     ) -> Result<ChannelId, FailureReason> {
-        self.inner.control.begin_create(guest, req)
+        self.inner.control_plane.begin_create(guest, req)
     }
 
-    /// Control path, step 2: validates the region against the guest's memory, initialises the
+    /// Channel creation, step 2: validates the region against the guest's memory, initialises the
     /// channel header, assigns a worker and binds the route. Success or Failure (which
     /// allocates nothing).
     pub fn finish_create(&self, id: ChannelId) -> Result<ChannelInfo, FailureReason> {
-        let control = &self.inner.control;
-        let rec = control.channel(id).ok_or(FailureReason::NoSuchChannel)?;
+        let control_plane = &self.inner.control_plane;
+        let rec = control_plane
+            .channel(id)
+            .ok_or(FailureReason::NoSuchChannel)?;
         let fail = |reason| {
-            let _ = control.fail_create(id, reason);
+            let _ = control_plane.fail_create(id, reason);
             Err(reason)
         };
         if rec.state != ChannelState::Pending {
@@ -366,7 +370,7 @@ impl Engine {
         }
         lock(&self.inner.channels).insert(id, ch.clone());
         w.attach(ch.clone());
-        if let Err(e) = control.complete_create(id, ch.clone(), worker as u32, w.cpu) {
+        if let Err(e) = control_plane.complete_create(id, ch.clone(), worker as u32, w.cpu) {
             // Destroyed while pending (guest went away): undo.
             svnic_control_plane::log_limited!(log::Level::Warn, "{id}: creation overtaken: {e}");
             ch.close();
@@ -382,7 +386,7 @@ impl Engine {
         })
     }
 
-    /// Both steps of the control path.
+    /// Both steps of channel creation.
     pub fn create_channel(
         &self,
         guest: GuestId,
@@ -401,7 +405,7 @@ impl Engine {
         guest: Option<GuestId>,
         id: ChannelId,
     ) -> Result<(), FailureReason> {
-        self.inner.control.begin_destroy(guest, id)?;
+        self.inner.control_plane.begin_destroy(guest, id)?;
         self.teardown(id);
         Ok(())
     }
@@ -414,7 +418,7 @@ impl Engine {
             self.inner.workers[ch.worker].detach(id);
             debug!("{id} ({}) destroyed: {:?}", ch.addr, ch.counters.snapshot());
         }
-        if let Err(e) = self.inner.control.finish_destroy(id) {
+        if let Err(e) = self.inner.control_plane.finish_destroy(id) {
             svnic_control_plane::log_limited!(log::Level::Warn, "{id}: finishing destroy: {e}");
         }
     }
@@ -467,6 +471,6 @@ impl Engine {
 
     /// Channel records from the control plane (every state, bounded history of ended ones).
     pub fn channel_records(&self) -> Vec<ChannelRecord> {
-        self.inner.control.channels()
+        self.inner.control_plane.channels()
     }
 }

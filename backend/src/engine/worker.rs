@@ -27,7 +27,7 @@ use super::config::EngineConfig;
 use super::counters::{TxTally, WorkerCounters};
 use super::deliver::{parse_tx, DestRun, Outcome, PendingWakes, Tx};
 use super::large_copy::{self, LargeCopy, Next};
-use super::Control;
+use super::EngineControlPlane;
 
 pub use super::cpu::{allowed_cpus, pin_to_cpu};
 
@@ -52,7 +52,7 @@ impl WorkerHandle {
         index: usize,
         cpu: Option<u32>,
         config: EngineConfig,
-        control: Arc<Control>,
+        control_plane: Arc<EngineControlPlane>,
     ) -> std::io::Result<Self> {
         let doorbell = Arc::new(EventFd::new(EFD_NONBLOCK)?);
         let counters = Arc::new(WorkerCounters::default());
@@ -61,7 +61,7 @@ impl WorkerHandle {
             index,
             cpu,
             config,
-            control,
+            control_plane,
             commands: rx,
             doorbell: doorbell.clone(),
             counters: counters.clone(),
@@ -155,7 +155,7 @@ struct Worker {
     index: usize,
     cpu: Option<u32>,
     config: EngineConfig,
-    control: Arc<Control>,
+    control_plane: Arc<EngineControlPlane>,
     commands: Receiver<Command>,
     doorbell: Arc<EventFd>,
     counters: Arc<WorkerCounters>,
@@ -195,7 +195,7 @@ impl Worker {
             let mut retry = false;
             let mut busy = false;
             {
-                let table = self.control.routes();
+                let table = self.control_plane.routes();
                 let snapshot = match &mut routes {
                     Some(r) => {
                         table.refresh(r);
@@ -363,7 +363,7 @@ impl Worker {
         let mut wakes = PendingWakes::new();
         let mut lookup = RouteLookup {
             snapshot: routes,
-            table: self.control.routes(),
+            table: self.control_plane.routes(),
             last: None,
         };
         // The sender's TX indices turned out impossible: it is faulted at the end of the pass.

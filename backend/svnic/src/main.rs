@@ -3,10 +3,11 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 use svnic_backend::admin::{query, render, AdminRequest};
 use svnic_backend::config::{DaemonConfig, EngineOverrides, DEFAULT_ADMIN_SOCKET};
-use svnic_backend::daemon::{block_termination_signals, wait_for_termination, Daemon};
+use svnic_backend::daemon::{block_termination_signals, wait_for_termination, AdminSocket, Daemon};
+use svnic_backend::Placement;
 use svnic_guest_tools::demo::{run_demo, DemoOptions};
 
 /// `--guest`'s help (a string, not a doc comment: rustdoc would read its brackets as links).
@@ -55,9 +56,9 @@ enum Command {
         /// How long a message may wait for room before its sender gets an error completion.
         #[arg(long, value_name = "MS")]
         backpressure_wait_ms: Option<u64>,
-        /// Worker placement: endpoint-hash or least-loaded.
-        #[arg(long)]
-        placement: Option<String>,
+        /// How a new channel is assigned to a worker [default: endpoint-hash].
+        #[arg(long, value_enum)]
+        placement: Option<PlacementArg>,
         /// Pin worker i to CPU i (and tell clients which CPU serves them).
         #[arg(long)]
         pin_workers: bool,
@@ -75,8 +76,8 @@ enum Command {
     /// Ask a running daemon: guests, channels, or engine counters.
     Ctl {
         /// What to show.
-        #[arg(value_parser = ["guests", "channels", "engine"])]
-        what: String,
+        #[arg(value_enum)]
+        what: CtlWhat,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -105,6 +106,45 @@ enum Command {
     },
 }
 
+/// `--placement`: the engine's [`Placement`].
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum PlacementArg {
+    /// A hash of the endpoint picks the worker: an endpoint always lands on the same worker.
+    EndpointHash,
+    /// The worker serving the fewest channels.
+    LeastLoaded,
+}
+
+impl From<PlacementArg> for Placement {
+    fn from(p: PlacementArg) -> Self {
+        match p {
+            PlacementArg::EndpointHash => Placement::EndpointHash,
+            PlacementArg::LeastLoaded => Placement::LeastLoaded,
+        }
+    }
+}
+
+/// `svnic ctl <what>`: one [`AdminRequest`] each.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum CtlWhat {
+    /// Every configured guest: MACs, socket, connection, channels.
+    Guests,
+    /// Every channel the daemon remembers, live and recently ended.
+    Channels,
+    /// Engine-wide counters: workers, frames, creates.
+    Engine,
+}
+
+impl From<CtlWhat> for AdminRequest {
+    fn from(w: CtlWhat) -> Self {
+        match w {
+            CtlWhat::Guests => AdminRequest::Guests,
+            CtlWhat::Channels => AdminRequest::Channels,
+            CtlWhat::Engine => AdminRequest::Engine,
+        }
+    }
+}
+
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     match Cli::parse().command {
@@ -127,7 +167,7 @@ fn main() -> ExitCode {
                 byte_budget_kib,
                 backpressure_wait_ms,
                 pin_workers,
-                placement,
+                placement: placement.map(Placement::from),
             };
             let loaded = DaemonConfig::load(config.as_deref(), &guests, &overrides, admin_socket)
                 .and_then(|mut c| {
@@ -142,7 +182,7 @@ fn main() -> ExitCode {
                 }
             };
             block_termination_signals();
-            let daemon = match Daemon::start(&cfg, true) {
+            let daemon = match Daemon::start(&cfg, AdminSocket::Serve) {
                 Ok(d) => d,
                 Err(e) => {
                     eprintln!("svnic serve: {e}");
@@ -158,33 +198,26 @@ fn main() -> ExitCode {
             what,
             json,
             admin_socket,
-        } => {
-            let req = match what.as_str() {
-                "guests" => AdminRequest::Guests,
-                "channels" => AdminRequest::Channels,
-                _ => AdminRequest::Engine,
-            };
-            match query(&admin_socket, req) {
-                Ok(resp) => {
-                    if json {
-                        match serde_json::to_string_pretty(&resp) {
-                            Ok(s) => println!("{s}"),
-                            Err(e) => {
-                                eprintln!("svnic ctl: {e}");
-                                return ExitCode::FAILURE;
-                            }
+        } => match query(&admin_socket, AdminRequest::from(what)) {
+            Ok(resp) => {
+                if json {
+                    match serde_json::to_string_pretty(&resp) {
+                        Ok(s) => println!("{s}"),
+                        Err(e) => {
+                            eprintln!("svnic ctl: {e}");
+                            return ExitCode::FAILURE;
                         }
-                    } else {
-                        print!("{}", render(&resp));
                     }
-                    ExitCode::SUCCESS
+                } else {
+                    print!("{}", render(&resp));
                 }
-                Err(e) => {
-                    eprintln!("svnic ctl: {e}");
-                    ExitCode::FAILURE
-                }
+                ExitCode::SUCCESS
             }
-        }
+            Err(e) => {
+                eprintln!("svnic ctl: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Demo {
             json,
             rounds,

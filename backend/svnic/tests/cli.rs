@@ -153,6 +153,55 @@ fn serve_refuses_bad_configuration_naming_the_field_and_value() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/svnic.toml"));
 }
 
+/// Values outside a fixed set are refused by the parser, naming the option, the value and every
+/// accepted value.
+#[test]
+fn placement_and_ctl_refuse_unknown_values_naming_the_accepted_ones() {
+    let cases: [(&[&str], &[&str]); 2] = [
+        (
+            &[
+                "serve",
+                "--guest",
+                "name=a,socket=/tmp/svnic-x.sock,mac=52:54:00:00:00:01",
+                "--placement",
+                "fastest",
+            ],
+            &["--placement", "fastest", "endpoint-hash", "least-loaded"],
+        ),
+        (
+            &["ctl", "routes"],
+            &["routes", "guests", "channels", "engine"],
+        ),
+    ];
+    for (args, words) in cases {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        for word in words {
+            assert!(err.contains(word), "{args:?}: {word} missing from {err}");
+        }
+    }
+    let dir = tmpdir("placement-file", 0o700);
+    let file = dir.join("svnic.toml");
+    std::fs::write(
+        &file,
+        "[engine]\nplacement = \"fastest\"\n[[guest]]\nname = \"a\"\nsocket = \"/tmp/svnic-x.sock\"\nmac = \"52:54:00:00:00:01\"\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .arg("serve")
+        .arg("--config")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for word in ["placement", "fastest", "endpoint-hash", "least-loaded"] {
+        assert!(err.contains(word), "{word} missing from {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn serve_answers_ctl_and_shuts_down_cleanly_on_sigterm() {
     let dir = tmpdir("serve", 0o700);

@@ -36,6 +36,24 @@ pub trait Waiter: Send + Sync {
     fn wait(&self, timeout: Duration);
 }
 
+/// Why the engine faulted a channel: the fault word of its header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum Fault {
+    /// A reason of the ABI.
+    #[error("{0}")]
+    Reason(FaultReason),
+    /// A code this client does not know (written by a newer engine, or by a broken one).
+    #[error("fault code {0}")]
+    UnknownCode(u32),
+}
+
+impl Fault {
+    /// The fault a non-zero fault word stands for.
+    pub fn from_code(code: u32) -> Self {
+        FaultReason::from_code(code).map_or(Fault::UnknownCode(code), Fault::Reason)
+    }
+}
+
 /// Errors of the channel API.
 #[derive(Debug, Error)]
 pub enum ChannelError {
@@ -50,7 +68,15 @@ pub enum ChannelError {
     Message(#[from] DecodeError),
     /// The engine faulted this channel.
     #[error("channel faulted by the engine: {0}")]
-    Faulted(String),
+    Faulted(Fault),
+    /// The channel header names another channel than the create answer did.
+    #[error("the channel header names channel {header}, the create answer channel {answer}")]
+    WrongChannel {
+        /// The id in the channel header (written by the engine).
+        header: u32,
+        /// The id in the answer to the create request.
+        answer: u32,
+    },
     /// A buffer outside the channel's data area.
     #[error("buffer {offset:#x}+{len} is outside the data area {start:#x}..{end:#x}")]
     OutOfDataArea {
@@ -204,13 +230,8 @@ impl Channel {
     }
 
     /// The engine's fault, if it faulted this channel.
-    pub fn fault(&self) -> Option<String> {
-        self.mem()
-            .fault()
-            .map(|code| match FaultReason::from_code(code) {
-                Ok(r) => r.to_string(),
-                Err(_) => format!("fault code {code}"),
-            })
+    pub fn fault(&self) -> Option<Fault> {
+        self.mem().fault().map(Fault::from_code)
     }
 
     fn check_fault(&self) -> Result<(), ChannelError> {
@@ -418,5 +439,25 @@ impl Channel {
         })?;
         sub.copy_to(out);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fault_word_reads_as_its_reason_or_its_unknown_code() {
+        assert_eq!(Fault::from_code(1), Fault::Reason(FaultReason::TxIndex));
+        assert_eq!(Fault::from_code(4), Fault::Reason(FaultReason::MemoryGone));
+        assert_eq!(Fault::from_code(99), Fault::UnknownCode(99));
+        assert_eq!(
+            ChannelError::Faulted(Fault::from_code(1)).to_string(),
+            "channel faulted by the engine: impossible TX producer index"
+        );
+        assert_eq!(
+            ChannelError::Faulted(Fault::from_code(99)).to_string(),
+            "channel faulted by the engine: fault code 99"
+        );
     }
 }

@@ -16,11 +16,12 @@ use crate::measure::{
 use serde_json::json;
 use svnic_channels::{ChannelAddr, MacAddr};
 use svnic_client::{Channel, WaitPolicy};
+use svnic_host_frontend::host_guest::ClientError;
 use svnic_host_frontend::HostGuest;
 use thiserror::Error;
 
-use svnic_backend::config::{DaemonConfig, EngineOverrides};
-use svnic_backend::daemon::Daemon;
+use svnic_backend::config::{ConfigError, DaemonConfig, EngineOverrides};
+use svnic_backend::daemon::{AdminSocket, Daemon, DaemonError};
 
 /// Demo settings.
 #[derive(Debug, Clone)]
@@ -40,16 +41,52 @@ pub struct DemoOptions {
 /// What went wrong in the demo.
 #[derive(Debug, Error)]
 pub enum DemoError {
-    /// Setting up the daemon or the guests failed.
+    /// The private directory of the demo's sockets could not be made.
+    #[error("setup: {}: {source}", dir.display())]
+    SocketDir {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The daemon's configuration was refused.
     #[error("setup: {0}")]
-    Setup(String),
+    Config(#[from] ConfigError),
+    /// The daemon did not start.
+    #[error("setup: {0}")]
+    Daemon(#[from] DaemonError),
+    /// A guest could not connect to its socket, or not create its channel.
+    #[error("setup: {step} on {}: {source}", socket.display())]
+    Guest {
+        /// `connect` or `channel`.
+        step: &'static str,
+        /// The guest's vhost-user socket.
+        socket: PathBuf,
+        /// Why.
+        #[source]
+        source: ClientError,
+    },
+    /// Guest B's thread panicked.
+    #[error("setup: guest B's thread panicked")]
+    GuestPanicked,
+    /// Guest B did not come back from a failed measurement.
+    #[error("setup: guest B lost by a failed measurement")]
+    GuestLost,
     /// A measurement failed.
-    #[error("{what}: {why}")]
+    #[error("{what}: {source}")]
     Measure {
         /// Which measurement.
         what: &'static str,
         /// Why.
-        why: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A round trip's reply never came.
+    #[error("{what}: a reply never came")]
+    NoReply {
+        /// Which measurement.
+        what: &'static str,
     },
 }
 
@@ -128,10 +165,13 @@ pub const BUSY_POLL: WaitPolicy = WaitPolicy {
 const MAC_A: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x5a, 0x00, 0x01]);
 const MAC_B: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x5a, 0x00, 0x02]);
 
-fn measure<T>(what: &'static str, r: Result<T, impl std::fmt::Display>) -> Result<T, DemoError> {
+fn measure<T, E>(what: &'static str, r: Result<T, E>) -> Result<T, DemoError>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
     r.map_err(|e| DemoError::Measure {
         what,
-        why: e.to_string(),
+        source: Box::new(e),
     })
 }
 
@@ -139,8 +179,12 @@ fn measure<T>(what: &'static str, r: Result<T, impl std::fmt::Display>) -> Resul
 pub fn run_demo(opts: &DemoOptions) -> Result<DemoReport, DemoError> {
     let dir = std::env::temp_dir().join(format!("svnic-demo-{}", std::process::id()));
     // Private whatever the umask: svnic refuses sockets in a directory others may write to.
-    svnic_backend::sockets::bind::ensure_private_dir(&dir)
-        .map_err(|e| DemoError::Setup(format!("{}: {e}", dir.display())))?;
+    svnic_backend::sockets::bind::ensure_private_dir(&dir).map_err(|source| {
+        DemoError::SocketDir {
+            dir: dir.clone(),
+            source,
+        }
+    })?;
     let sock = |n: &str| -> PathBuf { dir.join(format!("{n}.sock")) };
     let specs = vec![
         format!("name=guest-a,socket={},mac={MAC_A}", sock("a").display()),
@@ -159,9 +203,8 @@ pub fn run_demo(opts: &DemoOptions) -> Result<DemoReport, DemoError> {
         pin_workers: pin,
         ..Default::default()
     };
-    let config = DaemonConfig::load(None, &specs, &overrides, Some(dir.join("admin.sock")))
-        .map_err(|e| DemoError::Setup(e.to_string()))?;
-    let daemon = Daemon::start(&config, false).map_err(|e| DemoError::Setup(e.to_string()))?;
+    let config = DaemonConfig::load(None, &specs, &overrides, Some(dir.join("admin.sock")))?;
+    let daemon = Daemon::start(&config, AdminSocket::Off)?;
     // The engine pins its workers from the first CPU this process may use; the guests go on
     // the last one.
     let guest_cpu = pin
@@ -179,11 +222,17 @@ struct Guest {
 }
 
 fn connect(socket: &std::path::Path) -> Result<Guest, DemoError> {
-    let client = HostGuest::connect(socket, 64 << 20)
-        .map_err(|e| DemoError::Setup(format!("{}: {e}", socket.display())))?;
+    let guest_error = |step| {
+        move |source| DemoError::Guest {
+            step,
+            socket: socket.to_path_buf(),
+            source,
+        }
+    };
+    let client = HostGuest::connect(socket, 64 << 20).map_err(guest_error("connect"))?;
     let mut channel = client
         .create_channel(1, DEMO_RING_SLOTS, Duration::from_secs(10))
-        .map_err(|e| DemoError::Setup(format!("channel on {}: {e}", socket.display())))?;
+        .map_err(guest_error("channel"))?;
     // Busy-poll mode for the measurements: poll (yielding the CPU between polls, so the engine
     // worker and the other guest still run on a 2-core machine) for up to about a second before
     // sleeping. The sleep/wake path is exercised by the tests; here we measure the data path.
@@ -216,21 +265,23 @@ fn pair<RA, RB: Send + 'static>(
         (r, b)
     });
     let ra = fa(a);
-    let (rb, b) = handle
-        .join()
-        .map_err(|_| DemoError::Setup("guest B thread panicked".into()))?;
+    let (rb, b) = handle.join().map_err(|_| DemoError::GuestPanicked)?;
     Ok((ra, rb, b))
 }
 
 /// A stream from guest A (sending here) to guest B (receiving on its own thread), measured
 /// [`STREAM_RUNS`] times by B's receive side; `what` names the send and receive sides in errors.
-fn stream_pair<E: std::fmt::Display>(
+fn stream_pair<E, ER>(
     a: &mut Guest,
     b: &mut Option<Guest>,
     what: [&'static str; 2],
-    recv: impl Fn(&mut Guest) -> Result<Throughput, String> + Copy + Send + 'static,
+    recv: impl Fn(&mut Guest) -> Result<Throughput, ER> + Copy + Send + 'static,
     send: impl Fn(&mut Guest) -> Result<(), E>,
-) -> Result<Repeated, DemoError> {
+) -> Result<Repeated, DemoError>
+where
+    E: std::error::Error + Send + Sync + 'static,
+    ER: std::error::Error + Send + Sync + 'static,
+{
     Repeated::measure(STREAM_RUNS, || {
         let (sent, received, back) = pair(a, take_guest(b)?, recv, &send)?;
         *b = Some(back);
@@ -241,8 +292,7 @@ fn stream_pair<E: std::fmt::Display>(
 
 /// Guest B, back from the previous measurement's thread.
 fn take_guest(b: &mut Option<Guest>) -> Result<Guest, DemoError> {
-    b.take()
-        .ok_or_else(|| DemoError::Setup("guest B lost by a failed measurement".into()))
+    b.take().ok_or(DemoError::GuestLost)
 }
 
 fn run_guests(
@@ -298,7 +348,7 @@ fn run_guests(
         b,
         move |g| {
             let w = g.client.waiter(&g.channel);
-            channel_echo(&mut g.channel, PingKind::UserData, rounds, &w).map_err(|e| e.to_string())
+            channel_echo(&mut g.channel, PingKind::UserData, rounds, &w)
         },
         |g| {
             let w = g.client.waiter(&g.channel);
@@ -319,7 +369,7 @@ fn run_guests(
         ],
         move |g| {
             let w = g.client.waiter(&g.channel);
-            channel_stream_recv(&mut g.channel, n, &w).map_err(|e| e.to_string())
+            channel_stream_recv(&mut g.channel, n, &w)
         },
         |g| channel_stream_send(&mut g.channel, b_addr, 40, n),
     )?;
@@ -329,12 +379,11 @@ fn run_guests(
     let (ra, rb, b) = pair(
         &mut a,
         b,
-        move |g| frame_echo(&mut g.client, rounds).map_err(|e| e.to_string()),
+        move |g| frame_echo(&mut g.client, rounds),
         |g| frame_ping(&mut g.client, MAC_B, 32, rounds),
     )?;
-    let virtio = measure("virtio-net ping", ra)?.ok_or(DemoError::Measure {
+    let virtio = measure("virtio-net ping", ra)?.ok_or(DemoError::NoReply {
         what: "virtio-net ping",
-        why: "a reply never came".into(),
     })?;
     measure("virtio-net echo", rb)?;
 
@@ -345,10 +394,7 @@ fn run_guests(
         &mut a,
         &mut b,
         ["virtio-net stream send", "virtio-net stream receive"],
-        move |g| {
-            frame_stream_recv(&mut g.client, frames, Duration::from_millis(500))
-                .map_err(|e| e.to_string())
-        },
+        move |g| frame_stream_recv(&mut g.client, frames, Duration::from_millis(500)),
         |g| frame_stream_send(&mut g.client, MAC_B, 64, frames),
     )?;
 

@@ -1,7 +1,7 @@
 //! # svnic-guestd: the guest agent (VM mode)
 //!
 //! In a VM the guest kernel's virtio-net driver owns the svnic NIC (eth0). The agent, running as
-//! root, is the only process of the guest that speaks to the engine's control path; everything
+//! root, is the only process of the guest that sends control frames to the engine; everything
 //! else asks it over a Unix socket ([`svnic_client::vm::protocol`]) and never needs privileges.
 //!
 //! ```text
@@ -11,7 +11,7 @@
 //!   svnic-guestd: hugepage per channel, sealed + mlocked, GPA from /proc/self/pagemap
 //!                │  control / doorbell frames (AF_PACKET, EtherType 0x88B5, to MacAddr::ENGINE)
 //!                ▼
-//!              eth0 ── virtio-net ── svnic backend: control path, engine (polls the rings)
+//!              eth0 ── virtio-net ── svnic backend: frame handler, engine (polls the rings)
 //! ```
 //!
 //! - **Create**: the agent allocates one 2 MiB hugepage ([`memory`]), passes it to the

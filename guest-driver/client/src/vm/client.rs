@@ -426,11 +426,10 @@ impl AgentClient {
             if ch.id() == channel.0 {
                 Ok(ch)
             } else {
-                Err(ChannelError::Faulted(format!(
-                    "header names channel {}, the agent's answer {}",
-                    ch.id(),
-                    channel.0
-                )))
+                Err(ChannelError::WrongChannel {
+                    header: ch.id(),
+                    answer: channel.0,
+                })
             }
         });
         match attached {

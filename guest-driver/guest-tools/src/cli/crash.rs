@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::args::{CrashTestArgs, PathKind};
-use super::transport::{Transport, CONTROL_TIMEOUT};
+use super::transport::{Transport, TransportError, CONTROL_TIMEOUT};
 use super::{CliError, Outcome, Report};
 
 pub(super) fn crash_test(a: &CrashTestArgs) -> Result<Report, CliError> {
@@ -56,10 +56,10 @@ pub(super) fn crash_test(a: &CrashTestArgs) -> Result<Report, CliError> {
         let attempt = match &t {
             Transport::Host(g) => g
                 .create_channel(c.endpoint, c.ring_size, CONTROL_TIMEOUT)
-                .map_err(|e| e.to_string()),
+                .map_err(TransportError::from),
             Transport::Vm(ag) => ag
                 .create_channel(c.endpoint, c.ring_size, CONTROL_TIMEOUT)
-                .map_err(|e| e.to_string()),
+                .map_err(TransportError::from),
         };
         match attempt {
             Ok(ch) => {

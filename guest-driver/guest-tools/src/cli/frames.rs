@@ -47,43 +47,56 @@ pub(super) fn with_frame_port<R>(
     }
 }
 
+/// The error of a frame measurement over either kind of port: the port's own error.
+pub(super) type FrameError = Box<dyn std::error::Error + Send + Sync>;
+
 /// The frame measurements over either kind of port (object safe, unlike [`FramePort`]).
 pub(super) trait FrameRunner {
     fn mac(&self) -> MacAddr;
-    fn probe(&mut self, peer: MacAddr, within: Duration) -> Result<bool, String>;
+    fn probe(&mut self, peer: MacAddr, within: Duration) -> Result<bool, FrameError>;
     fn ping(
         &mut self,
         peer: MacAddr,
         size: usize,
         count: usize,
-    ) -> Result<Option<LatencyStats>, String>;
-    fn echo(&mut self, count: usize) -> Result<usize, String>;
-    fn send(&mut self, peer: MacAddr, size: usize, count: u64) -> Result<(), String>;
-    fn recv(&mut self, count: u64, first: Duration, idle: Duration) -> Result<Throughput, String>;
+    ) -> Result<Option<LatencyStats>, FrameError>;
+    fn echo(&mut self, count: usize) -> Result<usize, FrameError>;
+    fn send(&mut self, peer: MacAddr, size: usize, count: u64) -> Result<(), FrameError>;
+    fn recv(
+        &mut self,
+        count: u64,
+        first: Duration,
+        idle: Duration,
+    ) -> Result<Throughput, FrameError>;
 }
 
 impl<P: FramePort> FrameRunner for P {
     fn mac(&self) -> MacAddr {
         FramePort::mac(self)
     }
-    fn probe(&mut self, peer: MacAddr, within: Duration) -> Result<bool, String> {
-        frame_probe(self, peer, within).map_err(|e| e.to_string())
+    fn probe(&mut self, peer: MacAddr, within: Duration) -> Result<bool, FrameError> {
+        frame_probe(self, peer, within).map_err(FrameError::from)
     }
     fn ping(
         &mut self,
         peer: MacAddr,
         size: usize,
         count: usize,
-    ) -> Result<Option<LatencyStats>, String> {
-        frame_ping(self, peer, size, count).map_err(|e| e.to_string())
+    ) -> Result<Option<LatencyStats>, FrameError> {
+        frame_ping(self, peer, size, count).map_err(FrameError::from)
     }
-    fn echo(&mut self, count: usize) -> Result<usize, String> {
-        frame_echo(self, count).map_err(|e| e.to_string())
+    fn echo(&mut self, count: usize) -> Result<usize, FrameError> {
+        frame_echo(self, count).map_err(FrameError::from)
     }
-    fn send(&mut self, peer: MacAddr, size: usize, count: u64) -> Result<(), String> {
-        frame_stream_send(self, peer, size, count).map_err(|e| e.to_string())
+    fn send(&mut self, peer: MacAddr, size: usize, count: u64) -> Result<(), FrameError> {
+        frame_stream_send(self, peer, size, count).map_err(FrameError::from)
     }
-    fn recv(&mut self, count: u64, first: Duration, idle: Duration) -> Result<Throughput, String> {
-        frame_stream_recv_within(self, count, first, idle).map_err(|e| e.to_string())
+    fn recv(
+        &mut self,
+        count: u64,
+        first: Duration,
+        idle: Duration,
+    ) -> Result<Throughput, FrameError> {
+        frame_stream_recv_within(self, count, first, idle).map_err(FrameError::from)
     }
 }

@@ -33,20 +33,24 @@ pub enum CliError {
     #[error("{0}")]
     Usage(String),
     /// A step failed.
-    #[error("{what}: {why}")]
+    #[error("{what}: {source}")]
     Failed {
         /// The step.
         what: String,
-        /// Why.
-        why: String,
+        /// Why: the error of the step (a sentence where no error type exists).
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
 }
 
 impl CliError {
-    pub(crate) fn failed(what: impl Into<String>, why: impl std::fmt::Display) -> Self {
+    pub(crate) fn failed(
+        what: impl Into<String>,
+        why: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
         CliError::Failed {
             what: what.into(),
-            why: why.to_string(),
+            source: why.into(),
         }
     }
 }

@@ -9,8 +9,10 @@ use log::warn;
 use super::args::Common;
 use super::CliError;
 use svnic_client::channel::{Channel, WaitPolicy, Waiter};
-use svnic_client::vm::{AgentClient, DEFAULT_AGENT_SOCKET};
+use svnic_client::vm::{AgentClient, AgentError, DEFAULT_AGENT_SOCKET};
+use svnic_host_frontend::host_guest::ClientError;
 use svnic_host_frontend::HostGuest;
+use thiserror::Error;
 
 /// How long a channel create or destroy may take.
 pub(super) const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -23,6 +25,17 @@ pub(super) enum Transport {
     Host(HostGuest),
     /// VM mode.
     Vm(AgentClient),
+}
+
+/// An error of either transport.
+#[derive(Debug, Error)]
+pub(super) enum TransportError {
+    /// Host-process mode.
+    #[error(transparent)]
+    Host(#[from] ClientError),
+    /// VM mode.
+    #[error(transparent)]
+    Vm(#[from] AgentError),
 }
 
 impl Transport {
@@ -42,10 +55,10 @@ impl Transport {
             let attempt = match &c.socket {
                 Some(s) => HostGuest::connect(s, c.memory_mib << 20)
                     .map(Transport::Host)
-                    .map_err(|e| e.to_string()),
+                    .map_err(TransportError::from),
                 None => AgentClient::connect(&path)
                     .map(Transport::Vm)
-                    .map_err(|e| e.to_string()),
+                    .map_err(TransportError::from),
             };
             match attempt {
                 Ok(t) => return Ok(t),
@@ -99,10 +112,10 @@ impl Transport {
         let r = match self {
             Transport::Host(g) => g
                 .destroy_channel(ch, CONTROL_TIMEOUT)
-                .map_err(|e| e.to_string()),
+                .map_err(TransportError::from),
             Transport::Vm(a) => a
                 .destroy_channel(ch, CONTROL_TIMEOUT)
-                .map_err(|e| e.to_string()),
+                .map_err(TransportError::from),
         };
         if let Err(e) = r {
             warn!("destroying channel {id}: {e}");

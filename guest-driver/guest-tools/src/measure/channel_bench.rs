@@ -6,6 +6,7 @@ use svnic_channels::{ChannelAddr, CompletionStatus, DataRef, Message};
 
 use super::probe::{answer_probe, is_probe};
 use super::stats::{LatencyStats, Throughput};
+use super::MeasureError;
 use svnic_client::channel::{Channel, ChannelError, Waiter};
 
 /// Which message kind a ping uses.
@@ -17,25 +18,23 @@ pub enum PingKind {
     DmaData,
 }
 
-/// Errors are the channel's; a timeout or an error completion is reported as a `Faulted` error
-/// with the reason, so that a tool prints something useful.
-fn failed(why: String) -> ChannelError {
-    ChannelError::Faulted(why)
-}
-
 fn recv_one(
     ch: &mut Channel,
     waiter: &dyn Waiter,
     timeout: Duration,
     buf: &mut Vec<Message>,
-) -> Result<Message, ChannelError> {
+) -> Result<Message, MeasureError> {
     loop {
         if let Some(m) = buf.pop() {
             return Ok(m);
         }
         let n = ch.wait_poll(buf, 64, timeout, waiter)?;
         if n == 0 {
-            return Err(failed(format!("no message within {timeout:?}")));
+            return Err(MeasureError::TimedOut {
+                during: "waiting for a message",
+                waited: timeout,
+                progress: "nothing received".into(),
+            });
         }
         buf.reverse();
     }
@@ -51,7 +50,7 @@ pub fn channel_ping(
     size: usize,
     count: usize,
     waiter: &dyn Waiter,
-) -> Result<LatencyStats, ChannelError> {
+) -> Result<LatencyStats, MeasureError> {
     let data = ch.layout().data_offset;
     let (tx_buf, rx_buf) = (data, data + (1 << 20).min(ch.layout().data_len() / 2));
     let payload: Vec<u8> = (0..size).map(|i| i as u8).collect();
@@ -83,13 +82,21 @@ pub fn channel_ping(
             )?,
         };
         if !queued {
-            return Err(failed("TX ring full during ping".into()));
+            return Err(MeasureError::RingFull {
+                ring: "TX",
+                during: "during ping",
+            });
         }
         ch.flush()?;
         loop {
             match recv_one(ch, waiter, Duration::from_secs(10), &mut buf)? {
                 Message::Completion(c) if c.status == CompletionStatus::Ok => continue,
-                Message::Completion(c) => return Err(failed(format!("ping {i}: {}", c.status))),
+                Message::Completion(c) => {
+                    return Err(MeasureError::Completion {
+                        during: format!("ping {i}"),
+                        status: c.status,
+                    })
+                }
                 _ => break,
             }
         }
@@ -105,7 +112,7 @@ pub fn channel_echo(
     kind: PingKind,
     count: usize,
     waiter: &dyn Waiter,
-) -> Result<(), ChannelError> {
+) -> Result<(), MeasureError> {
     let data = ch.layout().data_offset;
     let (tx_buf, rx_buf) = (data, data + (1 << 20).min(ch.layout().data_len() / 2));
     let mut buf = Vec::new();
@@ -125,7 +132,12 @@ pub fn channel_echo(
         let m = loop {
             match recv_one(ch, waiter, Duration::from_secs(30), &mut buf)? {
                 Message::Completion(c) if c.status == CompletionStatus::Ok => continue,
-                Message::Completion(c) => return Err(failed(format!("echo {i}: {}", c.status))),
+                Message::Completion(c) => {
+                    return Err(MeasureError::Completion {
+                        during: format!("echo {i}"),
+                        status: c.status,
+                    })
+                }
                 Message::UserData(u) if is_probe(&u) => answer_probe(ch, u.peer)?,
                 m => break m,
             }
@@ -149,7 +161,10 @@ pub fn channel_echo(
             _ => false,
         };
         if !queued {
-            return Err(failed("TX ring full during echo".into()));
+            return Err(MeasureError::RingFull {
+                ring: "TX",
+                during: "during echo",
+            });
         }
         ch.flush()?;
     }
@@ -175,11 +190,14 @@ fn send_user_batch(
 
 /// Polls up to 256 messages into `buf`; a stream asks for no completions, so any completion
 /// among them is the error of a message sent (its status is the reason).
-fn fail_on_completion(ch: &mut Channel, buf: &mut Vec<Message>) -> Result<(), ChannelError> {
+fn fail_on_completion(ch: &mut Channel, buf: &mut Vec<Message>) -> Result<(), MeasureError> {
     buf.clear();
     ch.poll(buf, 256)?;
     if let Some(Message::Completion(c)) = buf.iter().find(|m| matches!(m, Message::Completion(_))) {
-        return Err(failed(format!("stream: {}", c.status)));
+        return Err(MeasureError::Completion {
+            during: "stream".into(),
+            status: c.status,
+        });
     }
     Ok(())
 }
@@ -192,7 +210,7 @@ pub fn channel_stream_send(
     peer: ChannelAddr,
     size: usize,
     count: u64,
-) -> Result<(), ChannelError> {
+) -> Result<(), MeasureError> {
     let payload = vec![0x5au8; size.min(svnic_channels::message::INLINE_CAPACITY)];
     let mut sent = 0u64;
     let mut buf = Vec::new();
@@ -202,7 +220,11 @@ pub fn channel_stream_send(
         // Drain error completions so that a full RX ring never blocks the engine.
         fail_on_completion(ch, &mut buf)?;
         if Instant::now() > deadline {
-            return Err(failed(format!("stream stalled after {sent} messages")));
+            return Err(MeasureError::TimedOut {
+                during: "stream: the TX ring stayed full",
+                waited: Duration::from_secs(120),
+                progress: format!("{sent} of {count} sent"),
+            });
         }
         // The ring is full: let the engine worker (maybe on this very CPU) drain it.
         std::thread::yield_now();
@@ -211,7 +233,11 @@ pub fn channel_stream_send(
     while ch.tx_free()? < ring {
         fail_on_completion(ch, &mut buf)?;
         if Instant::now() > deadline {
-            return Err(failed("stream: the engine stopped taking messages".into()));
+            return Err(MeasureError::TimedOut {
+                during: "stream: the engine stopped taking messages",
+                waited: Duration::from_secs(120),
+                progress: format!("{sent} of {count} sent"),
+            });
         }
         std::thread::yield_now();
     }
@@ -224,7 +250,7 @@ pub fn channel_stream_recv(
     ch: &mut Channel,
     count: u64,
     waiter: &dyn Waiter,
-) -> Result<Throughput, ChannelError> {
+) -> Result<Throughput, MeasureError> {
     let mut buf = Vec::with_capacity(256);
     let mut got = 0u64;
     let mut bytes = 0u64;
@@ -238,13 +264,19 @@ pub fn channel_stream_recv(
             ch.poll(&mut buf, 256)?
         };
         if n == 0 && start.is_none() {
-            return Err(failed("stream: nothing arrived within 30 s".into()));
+            return Err(MeasureError::TimedOut {
+                during: "stream: waiting for the first message",
+                waited: Duration::from_secs(30),
+                progress: format!("0 of {count} received"),
+            });
         }
         if n == 0 {
             if last.elapsed() > Duration::from_secs(10) {
-                return Err(failed(format!(
-                    "stream stalled: {got} of {count} messages in, nothing for 10 s"
-                )));
+                return Err(MeasureError::TimedOut {
+                    during: "stream stalled",
+                    waited: Duration::from_secs(10),
+                    progress: format!("{got} of {count} received"),
+                });
             }
             // Nothing yet: give the CPU to the engine worker and the sender.
             std::thread::yield_now();
@@ -279,7 +311,7 @@ pub fn channel_ping_local(
     kind: PingKind,
     size: usize,
     count: usize,
-) -> Result<LatencyStats, ChannelError> {
+) -> Result<LatencyStats, MeasureError> {
     let (a_addr, b_addr) = (a.addr(), b.addr());
     let payload: Vec<u8> = (0..size).map(|i| i as u8).collect();
     let (ta, tb) = (a.layout().data_offset, b.layout().data_offset);
@@ -307,7 +339,10 @@ pub fn channel_ping_local(
             PingKind::DmaData => a.send_dma(b_addr, i, DataRef { offset: ta, len })?,
         };
         if !queued {
-            return Err(failed("TX ring full during ping".into()));
+            return Err(MeasureError::RingFull {
+                ring: "TX",
+                during: "during ping",
+            });
         }
         a.flush()?;
         let deadline = t0 + Duration::from_secs(10);
@@ -341,10 +376,17 @@ pub fn channel_ping_local(
                 .chain(bb.iter())
                 .find(|m| matches!(m, Message::Completion(c) if c.status != CompletionStatus::Ok))
             {
-                return Err(failed(format!("ping {i}: {}", c.status)));
+                return Err(MeasureError::Completion {
+                    during: format!("ping {i}"),
+                    status: c.status,
+                });
             }
             if Instant::now() > deadline {
-                return Err(failed(format!("ping {i}: no reply within 10 s")));
+                return Err(MeasureError::TimedOut {
+                    during: "ping: waiting for the reply",
+                    waited: Duration::from_secs(10),
+                    progress: format!("{i} of {count} answered"),
+                });
             }
         }
         samples.push(t0.elapsed());
@@ -358,7 +400,7 @@ pub fn channel_stream_local(
     a: &mut Channel,
     b: &mut Channel,
     count: u64,
-) -> Result<Throughput, ChannelError> {
+) -> Result<Throughput, MeasureError> {
     let dest = b.addr();
     let payload = [0x5au8; svnic_channels::message::INLINE_CAPACITY];
     let (mut sent, mut got, mut bytes) = (0u64, 0u64, 0u64);
@@ -376,7 +418,11 @@ pub fn channel_stream_local(
             }
         }
         if Instant::now() > deadline {
-            return Err(failed(format!("stream stalled at {got} of {count}")));
+            return Err(MeasureError::TimedOut {
+                during: "stream stalled",
+                waited: Duration::from_secs(120),
+                progress: format!("{got} of {count} received"),
+            });
         }
     }
     Ok(Throughput {

@@ -8,30 +8,28 @@ use svnic_channels::{ChannelAddr, CompletionStatus, DataRef, Message};
 
 use super::probe::{answer_probe, is_probe, PROBE_COOKIE};
 use super::stats::Throughput;
-use svnic_client::channel::{Channel, ChannelError, Waiter};
+use super::MeasureError;
+use svnic_client::channel::{Channel, Waiter};
 
 /// Most buffers in flight (sender) or posted (receiver).
 const WINDOW: u64 = 64;
 /// Longest wait for the next completion or message once a stream runs.
 const STALL: Duration = Duration::from_secs(10);
 
-fn failed(why: String) -> ChannelError {
-    ChannelError::Faulted(why)
-}
-
 /// `(slots, size)` for buffers of `size` bytes in the data area, at most [`WINDOW`] and at most
 /// the ring size.
-fn slots(ch: &Channel, size: usize) -> Result<(u64, u32), ChannelError> {
-    let size = u32::try_from(size.max(1))
-        .map_err(|_| failed(format!("DMA size {size} does not fit a message")))?;
+fn slots(ch: &Channel, size: usize) -> Result<(u64, u32), MeasureError> {
     let data_len = ch.layout().data_len();
+    let size_error = MeasureError::DmaSize { size, data_len };
+    let size = u32::try_from(size.max(1)).map_err(|_| size_error)?;
     let n = (data_len / u64::from(size))
         .min(WINDOW)
         .min(u64::from(ch.layout().ring_size));
     if n == 0 {
-        return Err(failed(format!(
-            "DMA size {size} is larger than the data area ({data_len} bytes)"
-        )));
+        return Err(MeasureError::DmaSize {
+            size: size as usize,
+            data_len,
+        });
     }
     Ok((n, size))
 }
@@ -45,7 +43,7 @@ pub fn channel_dma_stream_send(
     size: usize,
     count: u64,
     waiter: &dyn Waiter,
-) -> Result<(), ChannelError> {
+) -> Result<(), MeasureError> {
     let (n, size) = slots(ch, size)?;
     let base = ch.layout().data_offset;
     let payload = vec![0xa5u8; size as usize];
@@ -81,9 +79,11 @@ pub fn channel_dma_stream_send(
             ch.poll(&mut buf, 256)?
         };
         if got == 0 && blocked {
-            return Err(failed(format!(
-                "DMA stream: no completion within {STALL:?} ({done} of {count} done)"
-            )));
+            return Err(MeasureError::TimedOut {
+                during: "DMA stream: waiting for a completion",
+                waited: STALL,
+                progress: format!("{done} of {count} done"),
+            });
         }
         for m in &buf {
             let Message::Completion(c) = m else { continue };
@@ -91,13 +91,17 @@ pub fn channel_dma_stream_send(
                 continue;
             }
             if c.status != CompletionStatus::Ok {
-                return Err(failed(format!("DMA stream: message {done}: {}", c.status)));
+                return Err(MeasureError::Completion {
+                    during: format!("DMA stream: message {done}"),
+                    status: c.status,
+                });
             }
             if c.cookie >= n {
-                return Err(failed(format!(
-                    "DMA stream: completion for unknown buffer {}",
-                    c.cookie
-                )));
+                return Err(MeasureError::UnknownBuffer {
+                    during: "DMA stream",
+                    what: "completion",
+                    cookie: c.cookie,
+                });
             }
             free.push(c.cookie);
             done += 1;
@@ -115,7 +119,7 @@ pub fn channel_dma_stream_recv(
     size: usize,
     first_within: Duration,
     waiter: &dyn Waiter,
-) -> Result<Throughput, ChannelError> {
+) -> Result<Throughput, MeasureError> {
     let (n, size) = slots(ch, size)?;
     let base = ch.layout().data_offset;
     for slot in 0..n {
@@ -127,7 +131,10 @@ pub fn channel_dma_stream_recv(
             },
         )?;
         if !posted {
-            return Err(failed("posted-buffer ring full".into()));
+            return Err(MeasureError::RingFull {
+                ring: "posted-buffer",
+                during: "posting the DMA stream's buffers",
+            });
         }
     }
     ch.flush()?;
@@ -139,19 +146,22 @@ pub fn channel_dma_stream_recv(
         buf.clear();
         let wait = if first.is_some() { STALL } else { first_within };
         if ch.wait_poll(&mut buf, 256, wait, waiter)? == 0 {
-            return Err(failed(format!(
-                "DMA stream: nothing arrived within {wait:?} ({got} of {count} received)"
-            )));
+            return Err(MeasureError::TimedOut {
+                during: "DMA stream: waiting for data",
+                waited: wait,
+                progress: format!("{got} of {count} received"),
+            });
         }
         let mut reposted = false;
         for m in &buf {
             match m {
                 Message::DmaData(d) => {
                     if d.cookie >= n {
-                        return Err(failed(format!(
-                            "DMA stream: data in unknown buffer {}",
-                            d.cookie
-                        )));
+                        return Err(MeasureError::UnknownBuffer {
+                            during: "DMA stream",
+                            what: "data",
+                            cookie: d.cookie,
+                        });
                     }
                     first.get_or_insert_with(Instant::now);
                     last = Instant::now();
@@ -162,13 +172,19 @@ pub fn channel_dma_stream_recv(
                         len: size,
                     };
                     if !ch.post_buffer(d.cookie, again)? {
-                        return Err(failed("posted-buffer ring full".into()));
+                        return Err(MeasureError::RingFull {
+                            ring: "posted-buffer",
+                            during: "reposting a DMA stream buffer",
+                        });
                     }
                     reposted = true;
                 }
                 Message::UserData(u) if is_probe(u) => answer_probe(ch, u.peer)?,
                 Message::Completion(c) if c.status != CompletionStatus::Ok => {
-                    return Err(failed(format!("DMA stream: {}", c.status)));
+                    return Err(MeasureError::Completion {
+                        during: "DMA stream".into(),
+                        status: c.status,
+                    });
                 }
                 _ => {}
             }

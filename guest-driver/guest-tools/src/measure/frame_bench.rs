@@ -16,7 +16,7 @@ pub const PROBE_SEQ: u64 = u64::MAX;
 /// A virtio-net port as the benchmarks need it.
 pub trait FramePort {
     /// Error type.
-    type Error: std::fmt::Display;
+    type Error: std::error::Error + Send + Sync + 'static;
     /// This port's MAC.
     fn mac(&self) -> MacAddr;
     /// Queues a frame; false if the TX ring is full.

@@ -13,6 +13,7 @@
 
 mod channel_bench;
 mod dma_stream;
+mod error;
 mod frame_bench;
 mod probe;
 mod stats;
@@ -23,6 +24,7 @@ pub use channel_bench::{
     channel_stream_send, PingKind,
 };
 pub use dma_stream::{channel_dma_stream_recv, channel_dma_stream_send};
+pub use error::MeasureError;
 pub use frame_bench::{
     frame_echo, frame_ping, frame_probe, frame_stream_recv, frame_stream_recv_within,
     frame_stream_send, FramePort, BENCH_ETHERTYPE, PROBE_SEQ,

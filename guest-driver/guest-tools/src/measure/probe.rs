@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use svnic_channels::{ChannelAddr, CompletionStatus, Message, UserData};
 
-use svnic_client::channel::{Channel, ChannelError, Waiter};
+use super::MeasureError;
+use svnic_client::channel::{Channel, Waiter};
 
 /// Cookie of probe messages.
 pub const PROBE_COOKIE: u64 = u64::MAX;
@@ -23,13 +24,14 @@ pub fn is_probe(u: &UserData) -> bool {
 }
 
 /// Answers a probe that arrived from `peer`.
-pub fn answer_probe(ch: &mut Channel, peer: ChannelAddr) -> Result<(), ChannelError> {
+pub fn answer_probe(ch: &mut Channel, peer: ChannelAddr) -> Result<(), MeasureError> {
     if !ch.send_user(peer, PROBE_COOKIE, PROBE_PAYLOAD, false)? {
-        return Err(ChannelError::Faulted(
-            "TX ring full answering a probe".into(),
-        ));
+        return Err(MeasureError::RingFull {
+            ring: "TX",
+            during: "answering a probe",
+        });
     }
-    ch.flush()
+    Ok(ch.flush()?)
 }
 
 /// Probes `peer` until it answers or `within` passes (then an error naming the last reason).
@@ -40,13 +42,16 @@ pub fn channel_probe(
     peer: ChannelAddr,
     within: Duration,
     waiter: &dyn Waiter,
-) -> Result<(), ChannelError> {
+) -> Result<(), MeasureError> {
     let deadline = Instant::now() + within;
-    let mut last = String::from("no answer");
+    let mut last = None;
     let mut buf = Vec::new();
     loop {
         if !ch.send_user(peer, PROBE_COOKIE, PROBE_PAYLOAD, true)? {
-            return Err(ChannelError::Faulted("TX ring full sending a probe".into()));
+            return Err(MeasureError::RingFull {
+                ring: "TX",
+                during: "sending a probe",
+            });
         }
         ch.flush()?;
         let (mut delivered, mut answered, mut refused) = (false, false, false);
@@ -54,9 +59,7 @@ pub fn channel_probe(
         while !settled(delivered, answered, refused) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(ChannelError::Faulted(format!(
-                    "peer {peer} did not answer within {within:?} ({last})"
-                )));
+                return Err(MeasureError::NoAnswer { peer, within, last });
             }
             buf.clear();
             ch.wait_poll(&mut buf, 64, left.min(Duration::from_millis(200)), waiter)?;
@@ -66,7 +69,7 @@ pub fn channel_probe(
                         if c.status == CompletionStatus::Ok {
                             delivered = true;
                         } else {
-                            last = c.status.to_string();
+                            last = Some(c.status);
                             refused = true;
                         }
                     }
@@ -89,15 +92,17 @@ pub fn channel_await_probe(
     ch: &mut Channel,
     within: Duration,
     waiter: &dyn Waiter,
-) -> Result<ChannelAddr, ChannelError> {
+) -> Result<ChannelAddr, MeasureError> {
     let deadline = Instant::now() + within;
     let mut buf = Vec::new();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(ChannelError::Faulted(format!(
-                "no peer probed this channel within {within:?}"
-            )));
+            return Err(MeasureError::TimedOut {
+                during: "waiting for a peer's probe",
+                waited: within,
+                progress: "no probe".into(),
+            });
         }
         buf.clear();
         ch.wait_poll(&mut buf, 64, left, waiter)?;

@@ -108,11 +108,10 @@ impl PendingChannel {
             if ch.id() == channel.0 {
                 Ok(ch)
             } else {
-                Err(svnic_client::channel::ChannelError::Faulted(format!(
-                    "header names channel {}, the engine's answer {}",
-                    ch.id(),
-                    channel.0
-                )))
+                Err(svnic_client::channel::ChannelError::WrongChannel {
+                    header: ch.id(),
+                    answer: channel.0,
+                })
             }
         });
         match attached {

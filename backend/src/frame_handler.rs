@@ -1,5 +1,6 @@
-//! The engine's control path over svnic frames: what the daemon does with every svnic-EtherType
-//! frame a guest sends through its virtio-net TX queue.
+//! The frame handler: what the daemon does with every svnic-EtherType frame a guest sends through
+//! its virtio-net TX queue (the control frames and doorbells of docs/abi.md §7-8), and the frames
+//! it sends back.
 //!
 //! - ControlRequest Create: answered Pending at once, then Success (channel id, serving worker
 //!   and CPU) or Failure (reason). A failed request allocates nothing.
@@ -11,7 +12,7 @@
 //! Responses and wake frames come from [`MacAddr::ENGINE`].
 //!
 //! A guest decides how often every line here would be written, so per-request lines are debug
-//! and warnings go through [`log_limited!`]; [`ControlCounters`] keep the counts.
+//! and warnings go through [`log_limited!`]; [`FrameCounters`] keep the counts.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -25,15 +26,15 @@ use svnic_control_plane::{log_limited, CreateRequest, GuestId};
 
 use crate::engine::{Engine, GuestWaker};
 
-/// Where the control path sends frames: into a guest's virtio-net RX queue (the switch).
+/// Where the frame handler sends frames: into a guest's virtio-net RX queue (the switch).
 pub trait FrameOut: Send + Sync {
     /// Queues `frame` for the guest behind `port`; false if it could not be queued.
     fn send(&self, port: GuestId, frame: &[u8]) -> bool;
 }
 
-/// Counters of the control path.
+/// Counters of the frame handler.
 #[derive(Debug, Default)]
-pub struct ControlCounters {
+pub struct FrameCounters {
     /// Requests answered (any status).
     pub requests: AtomicU64,
     /// Create requests the control plane refused before admitting them (rate limits included).
@@ -54,33 +55,34 @@ pub struct ControlCounters {
     pub undeliverable: AtomicU64,
 }
 
-/// The control path of one engine.
-pub struct ControlPath {
+/// The handler of svnic frames for one engine: control requests in, control responses and
+/// wakes out, doorbells to the workers.
+pub struct FrameHandler {
     engine: Engine,
     out: Arc<dyn FrameOut>,
-    counters: ControlCounters,
+    counters: FrameCounters,
 }
 
-impl std::fmt::Debug for ControlPath {
+impl std::fmt::Debug for FrameHandler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ControlPath")
+        f.debug_struct("FrameHandler")
             .field("counters", &self.counters)
             .finish()
     }
 }
 
-impl ControlPath {
-    /// A control path for `engine`, answering through `out`.
+impl FrameHandler {
+    /// A frame handler for `engine`, answering through `out`.
     pub fn new(engine: Engine, out: Arc<dyn FrameOut>) -> Arc<Self> {
-        Arc::new(ControlPath {
+        Arc::new(FrameHandler {
             engine,
             out,
-            counters: ControlCounters::default(),
+            counters: FrameCounters::default(),
         })
     }
 
     /// Counters.
-    pub fn counters(&self) -> &ControlCounters {
+    pub fn counters(&self) -> &FrameCounters {
         &self.counters
     }
 
@@ -88,7 +90,7 @@ impl ControlPath {
     /// guest ([`Engine::set_guest_waker`]).
     pub fn waker(self: &Arc<Self>, port: GuestId, mac: MacAddr) -> Arc<dyn GuestWaker> {
         Arc::new(WakeSender {
-            path: self.clone(),
+            handler: self.clone(),
             port,
             mac,
         })
@@ -96,7 +98,7 @@ impl ControlPath {
 
     fn owns(&self, port: GuestId, mac: MacAddr) -> bool {
         self.engine
-            .control()
+            .control_plane()
             .guest(port)
             .is_some_and(|g| g.policy.owns_mac(&mac))
     }
@@ -211,7 +213,7 @@ impl ControlPath {
     }
 
     fn doorbell(&self, port: GuestId, channel: ChannelId) {
-        match self.engine.control().channel(channel) {
+        match self.engine.control_plane().channel(channel) {
             Some(rec) if rec.guest == port => {
                 self.counters.doorbells.fetch_add(1, Relaxed);
                 self.engine.doorbell(channel);
@@ -269,19 +271,19 @@ fn source_mac(bytes: &[u8]) -> Option<MacAddr> {
 }
 
 struct WakeSender {
-    path: Arc<ControlPath>,
+    handler: Arc<FrameHandler>,
     port: GuestId,
     mac: MacAddr,
 }
 
 impl GuestWaker for WakeSender {
     fn wake(&self, channel: ChannelId) {
-        self.path.counters.wakes.fetch_add(1, Relaxed);
+        self.handler.counters.wakes.fetch_add(1, Relaxed);
         let frame = Frame {
             dst: self.mac,
             src: MacAddr::ENGINE,
             body: FrameBody::Wake { channel },
         };
-        self.path.send(self.port, &frame);
+        self.handler.send(self.port, &frame);
     }
 }
