@@ -64,6 +64,36 @@ fn field_err(context: &str, field: &str, value: &str, expected: &str) -> ConfigE
     }
 }
 
+/// An engine setting the engine refused, named and valued as the configuration writes it
+/// (`byte_budget_kib` in KiB, `*_ms` in milliseconds), not as the engine holds it.
+fn engine_field_err(
+    context: &str,
+    e: &crate::engine::ConfigError,
+    engine: &EngineConfig,
+) -> ConfigError {
+    match e.field {
+        "byte_budget" => field_err(
+            context,
+            "byte_budget_kib",
+            &(engine.byte_budget / 1024).to_string(),
+            "4 to 65536 (KiB)",
+        ),
+        "backpressure_wait" => field_err(
+            context,
+            "backpressure_wait_ms",
+            &engine.backpressure_wait.as_millis().to_string(),
+            "at most 60000 (ms)",
+        ),
+        "max_sleep" => field_err(
+            context,
+            "max_sleep_ms",
+            &engine.max_sleep.as_millis().to_string(),
+            "1 to 3600000 (ms)",
+        ),
+        field => field_err(context, field, &e.value, e.expected),
+    }
+}
+
 /// One guest: its vhost-user socket and its policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GuestConfig {
@@ -439,7 +469,7 @@ impl DaemonConfig {
         engine.pin_workers = overrides.pin_workers || fe.pin_workers.unwrap_or(false);
         engine
             .validate()
-            .map_err(|e| field_err(ctx, e.field, &e.value, e.expected))?;
+            .map_err(|e| engine_field_err(ctx, &e, &engine))?;
         let mut config = DaemonConfig {
             guests,
             engine,

@@ -298,3 +298,34 @@ fn bad_create_rates_and_byte_budgets_are_named_with_their_value() {
         assert!(err.to_string().contains("byte_budget"), "{kib} KiB: {err}");
     }
 }
+
+#[test]
+fn engine_errors_name_the_configuration_key_and_its_unit() {
+    let dir = std::env::temp_dir().join(format!("svnic-cfg-keys-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (engine, key, value) in [
+        ("byte_budget_kib = 3", "byte_budget_kib", "'3'"),
+        ("max_sleep_ms = 0", "max_sleep_ms", "'0'"),
+        ("max_sleep_ms = 3600001", "max_sleep_ms", "'3600001'"),
+        (
+            "backpressure_wait_ms = 60001",
+            "backpressure_wait_ms",
+            "'60001'",
+        ),
+    ] {
+        let file = dir.join("svnic.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "[engine]\n{engine}\n[[guest]]\nname = \"a\"\nsocket = \"/tmp/a.sock\"\n\
+                 mac = \"52:54:00:00:00:01\"\n"
+            ),
+        )
+        .unwrap();
+        let err = DaemonConfig::load(Some(&file), &[], &EngineOverrides::default(), None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(key) && err.contains(value), "{engine}: {err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
