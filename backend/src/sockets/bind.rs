@@ -208,7 +208,7 @@ fn bind_with_mode(path: &Path, access: &SocketAccess) -> Result<UnixListener, So
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sockets::test_support::{is_root, private_dir};
+    use crate::sockets::test_support::{private_dir, require_root};
 
     fn mode_of(path: &Path) -> u32 {
         std::fs::symlink_metadata(path).unwrap().mode() & 0o7777
@@ -312,10 +312,7 @@ mod tests {
 
     #[test]
     fn files_and_directories_of_another_user_are_refused() {
-        if !is_root() {
-            eprintln!("skipped: chown to another uid needs root");
-            return;
-        }
+        require_root!("chown to another uid needs root");
         let dir = private_dir("owner");
         // A socket that another user left (or planted) at the path.
         let path = dir.join("theirs.sock");
@@ -341,10 +338,7 @@ mod tests {
 
     #[test]
     fn the_group_is_set_when_asked() {
-        if !is_root() {
-            eprintln!("skipped: giving a socket to another group needs root");
-            return;
-        }
+        require_root!("giving a socket to another group needs root");
         let dir = private_dir("group");
         let path = dir.join("g.sock");
         let access = SocketAccess {

@@ -26,6 +26,17 @@ pub(crate) fn is_root() -> bool {
     super::sys::effective_uid() == 0
 }
 
+/// Returns from the calling test, saying why it is skipped, unless the process runs as root.
+macro_rules! require_root {
+    ($why:literal) => {
+        if !$crate::sockets::test_support::is_root() {
+            eprintln!(concat!("skipped: ", $why));
+            return;
+        }
+    };
+}
+pub(crate) use require_root;
+
 /// What a connection made by another uid saw.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Seen {
