@@ -569,6 +569,14 @@ mod tests {
         vec![0u64; len / 8]
     }
 
+    /// The layout of a 64 KiB channel with `ring_size` slots per ring, and a zeroed region for it.
+    fn channel(ring_size: u32) -> (ChannelLayout, Vec<u64>) {
+        (
+            ChannelLayout::new(ring_size, 64 << 10).unwrap(),
+            region(64 << 10),
+        )
+    }
+
     fn mem_of(buf: &mut [u64]) -> VolatileSlice<'_> {
         // SAFETY: buf is a live, exclusively borrowed allocation of buf.len()*8 bytes that outlives
         // the returned slice (same lifetime).
@@ -582,8 +590,7 @@ mod tests {
 
     #[test]
     fn header_round_trips_through_init_and_from_header() {
-        let layout = ChannelLayout::new(64, 64 << 10).unwrap();
-        let mut buf = region(64 << 10);
+        let (layout, mut buf) = channel(64);
         let m = ChannelMem::new(mem_of(&mut buf), layout).unwrap();
         assert!(
             ChannelMem::from_header(*m.slice()).is_err(),
@@ -600,8 +607,7 @@ mod tests {
 
     #[test]
     fn push_pop_in_order_with_wraparound() {
-        let layout = ChannelLayout::new(16, 64 << 10).unwrap();
-        let mut buf = region(64 << 10);
+        let (layout, mut buf) = channel(16);
         let m = ChannelMem::new(mem_of(&mut buf), layout).unwrap();
         m.init_header(0, 0, None).unwrap();
         let mut p = Producer::new(RingKind::Tx, &layout);
@@ -629,8 +635,7 @@ mod tests {
 
     #[test]
     fn full_ring_refuses_push() {
-        let layout = ChannelLayout::new(16, 64 << 10).unwrap();
-        let mut buf = region(64 << 10);
+        let (layout, mut buf) = channel(16);
         let m = ChannelMem::new(mem_of(&mut buf), layout).unwrap();
         let mut p = Producer::new(RingKind::Rx, &layout);
         assert_eq!(p.free(&m).unwrap(), 16);
@@ -644,8 +649,7 @@ mod tests {
 
     #[test]
     fn impossible_indices_are_errors_not_panics() {
-        let layout = ChannelLayout::new(16, 64 << 10).unwrap();
-        let mut buf = region(64 << 10);
+        let (layout, mut buf) = channel(16);
         let m = ChannelMem::new(mem_of(&mut buf), layout).unwrap();
         let mut c = Consumer::new(RingKind::Tx, &layout);
         // The guest claims 17 messages in a 16-slot ring.

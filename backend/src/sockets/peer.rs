@@ -81,7 +81,9 @@ impl PeerFilter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sockets::test_support::{connect_as, private_dir, require_root, Seen};
+    use crate::sockets::test_support::{
+        access_with_mode, connect_as, open_dir, private_dir, require_root, Seen,
+    };
     use crate::sockets::{bind_socket, SocketAccess};
     use std::time::Duration;
 
@@ -101,16 +103,10 @@ mod tests {
     #[test]
     fn a_peer_outside_the_allow_list_is_closed_at_once_and_counted() {
         require_root!("connecting as another uid needs root");
-        let dir = private_dir("peer");
         // Reachable by everyone: only the allow-list keeps uid 65534 out.
-        std::fs::set_permissions(&*dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .unwrap();
+        let dir = open_dir("peer");
         let path = dir.join("p.sock");
-        let access = SocketAccess {
-            mode: 0o666,
-            ..SocketAccess::default()
-        };
-        let listener = bind_socket(&path, &access).unwrap();
+        let listener = bind_socket(&path, &access_with_mode(0o666)).unwrap();
         let filter = PeerFilter::new(Some(&[0]));
         let server = {
             let filter = filter.clone();
