@@ -385,6 +385,7 @@ impl DemoReport {
 
     /// A human table.
     pub fn to_table(&self) -> String {
+        const THREAD_PER_GUEST: &str = "bypass, user-data, thread per guest";
         let lat = |name: &str, s: &LatencyStats| {
             format!(
                 "{name:<34} {:>9.1} {:>9.1} {:>9.1}\n",
@@ -425,10 +426,7 @@ impl DemoReport {
         for (name, stats) in [
             ("bypass channel, user-data 32 B", &self.bypass_user),
             ("bypass channel, DMA-data 4 KiB", &self.bypass_dma),
-            (
-                "bypass, user-data, thread per guest",
-                &self.bypass_user_threads,
-            ),
+            (THREAD_PER_GUEST, &self.bypass_user_threads),
             ("virtio-net frames, 32 B", &self.virtio),
         ] {
             s.push_str(&lat(name, stats));
@@ -441,10 +439,7 @@ impl DemoReport {
         ));
         for (name, runs) in [
             ("bypass channel, user-data 40 B", &self.bypass_stream),
-            (
-                "bypass, user-data, thread per guest",
-                &self.bypass_stream_threads,
-            ),
+            (THREAD_PER_GUEST, &self.bypass_stream_threads),
             ("virtio-net frames, 64 B payload", &self.virtio_stream),
         ] {
             s.push_str(&thr(name, runs));
