@@ -40,7 +40,7 @@ use wire::{off, svnic_header, Reader};
 use crate::error::DecodeError;
 use crate::message::{FLAG_COMPLETE, FLAG_WANT_COMPLETION, INLINE_CAPACITY};
 use crate::status::FailureReason;
-use crate::types::{ChannelId, EndpointId, MacAddr};
+use crate::types::{ChannelAddr, ChannelId, EndpointId, MacAddr};
 
 /// The svnic EtherType (IEEE 802 local experimental 1).
 pub const ETHERTYPE: u16 = 0x88B5;
@@ -201,20 +201,44 @@ pub enum ControlOp {
     },
 }
 
-/// The parameters of a create request. Decoding checks none of their values; the control plane
-/// does, and answers with a [`FailureReason`].
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+/// The parameters of a create request. Decoding checks none of their values: every field is
+/// guest-chosen and untrusted until the control plane accepts it (it answers with a
+/// [`FailureReason`] otherwise).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct CreateRequest {
     /// The channel's own MAC; must be owned by the requesting guest.
     pub mac: MacAddr,
-    /// The channel's endpoint id under that MAC.
+    /// The channel's endpoint id under that MAC; must be in the guest's range and free.
     pub endpoint: EndpointId,
     /// Slots per ring (power of two, 16..=4096, see [`crate::layout`]).
     pub ring_size: u32,
     /// Guest-physical address of the channel region (4 KiB aligned).
     pub region_addr: u64,
-    /// Length of the channel region (4 KiB multiple).
+    /// Length of the channel region in bytes (4 KiB multiple).
     pub region_len: u64,
+}
+
+impl CreateRequest {
+    /// The channel address the request asks for.
+    pub fn addr(&self) -> ChannelAddr {
+        ChannelAddr {
+            mac: self.mac,
+            endpoint: self.endpoint,
+        }
+    }
+}
+
+impl std::fmt::Display for CreateRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ring {} region {:#x}+{:#x}",
+            self.addr(),
+            self.ring_size,
+            self.region_addr,
+            self.region_len
+        )
+    }
 }
 
 /// A control response (engine -> guest).

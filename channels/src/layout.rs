@@ -91,6 +91,17 @@ pub mod header {
     pub const ENGINE_SLEEPING: usize = 0x380;
     /// u32, 1 while the guest sleeps waiting for RX (guest-written).
     pub const GUEST_SLEEPING: usize = 0x400;
+    /// The eight index words, each in a 128-byte block of its own.
+    pub const INDICES: [usize; 8] = [
+        TX_HEAD,
+        TX_TAIL,
+        RX_HEAD,
+        RX_TAIL,
+        POST_HEAD,
+        POST_TAIL,
+        ENGINE_SLEEPING,
+        GUEST_SLEEPING,
+    ];
     /// End of the header block; the TX ring starts here.
     pub const END: usize = 0x1000;
 }
@@ -239,16 +250,7 @@ mod tests {
 
     #[test]
     fn header_fields_have_their_own_128_byte_blocks_and_fit() {
-        let idx = [
-            header::TX_HEAD,
-            header::TX_TAIL,
-            header::RX_HEAD,
-            header::RX_TAIL,
-            header::POST_HEAD,
-            header::POST_TAIL,
-            header::ENGINE_SLEEPING,
-            header::GUEST_SLEEPING,
-        ];
+        let idx = header::INDICES;
         // One block each (a pair of lines the CPU fetches together), none shared with another
         // field or with the header line at 0.
         let mut blocks: Vec<usize> = idx.iter().map(|o| o / 128).collect();

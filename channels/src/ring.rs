@@ -146,17 +146,7 @@ impl<'a> ChannelMem<'a> {
     ) -> Result<(), RingError> {
         let l = &self.layout;
         self.store(header::READY, 0, Ordering::Relaxed)?;
-        for off in [
-            header::TX_HEAD,
-            header::TX_TAIL,
-            header::RX_HEAD,
-            header::RX_TAIL,
-            header::POST_HEAD,
-            header::POST_TAIL,
-            header::ENGINE_SLEEPING,
-            header::GUEST_SLEEPING,
-            header::FAULT,
-        ] {
+        for off in header::INDICES.into_iter().chain([header::FAULT]) {
             self.store(off, 0, Ordering::Relaxed)?;
         }
         self.store(header::MAGIC, CHANNEL_MAGIC, Ordering::Relaxed)?;
@@ -166,18 +156,8 @@ impl<'a> ChannelMem<'a> {
             Ordering::Relaxed,
         )?;
         self.store(header::RING_SIZE, l.ring_size, Ordering::Relaxed)?;
-        self.store(header::REGION_LEN, l.region_len as u32, Ordering::Relaxed)?;
-        self.store(
-            header::REGION_LEN + 4,
-            (l.region_len >> 32) as u32,
-            Ordering::Relaxed,
-        )?;
-        self.store(header::DATA_OFFSET, l.data_offset as u32, Ordering::Relaxed)?;
-        self.store(
-            header::DATA_OFFSET + 4,
-            (l.data_offset >> 32) as u32,
-            Ordering::Relaxed,
-        )?;
+        self.store_u64(header::REGION_LEN, l.region_len)?;
+        self.store_u64(header::DATA_OFFSET, l.data_offset)?;
         self.store(header::TX_RING, l.tx_ring as u32, Ordering::Relaxed)?;
         self.store(header::RX_RING, l.rx_ring as u32, Ordering::Relaxed)?;
         self.store(header::POST_RING, l.post_ring as u32, Ordering::Relaxed)?;
@@ -205,6 +185,12 @@ impl<'a> ChannelMem<'a> {
 
     fn store(&self, off: usize, v: u32, order: Ordering) -> Result<(), RingError> {
         self.with_u32(off, |a| a.store(v, order))
+    }
+
+    /// Stores a u64 header field as two relaxed u32 words, low word first.
+    fn store_u64(&self, off: usize, v: u64) -> Result<(), RingError> {
+        self.store(off, v as u32, Ordering::Relaxed)?;
+        self.store(off + 4, (v >> 32) as u32, Ordering::Relaxed)
     }
 
     /// Runs `f` on the 32-bit word at `off` of the region as an atomic: one bounds and alignment
@@ -583,6 +569,14 @@ mod tests {
         vec![0u64; len / 8]
     }
 
+    /// The layout of a 64 KiB channel with `ring_size` slots per ring, and a zeroed region for it.
+    fn channel(ring_size: u32) -> (ChannelLayout, Vec<u64>) {
+        (
+            ChannelLayout::new(ring_size, 64 << 10).unwrap(),
+            region(64 << 10),
+        )
+    }
+
     fn mem_of(buf: &mut [u64]) -> VolatileSlice<'_> {
         // SAFETY: buf is a live, exclusively borrowed allocation of buf.len()*8 bytes that outlives
         // the returned slice (same lifetime).
@@ -596,8 +590,7 @@ mod tests {
 
     #[test]
     fn header_round_trips_through_init_and_from_header() {
-        let layout = ChannelLayout::new(64, 64 << 10).unwrap();
-        let mut buf = region(64 << 10);
+        let (layout, mut buf) = channel(64);
         let m = ChannelMem::new(mem_of(&mut buf), layout).unwrap();
         assert!(
             ChannelMem::from_header(*m.slice()).is_err(),
@@ -614,8 +607,7 @@ mod tests {
 
     #[test]
     fn push_pop_in_order_with_wraparound() {
-        let layout = ChannelLayout::new(16, 64 << 10).unwrap();
-        let mut buf = region(64 << 10);
+        let (layout, mut buf) = channel(16);
         let m = ChannelMem::new(mem_of(&mut buf), layout).unwrap();
         m.init_header(0, 0, None).unwrap();
         let mut p = Producer::new(RingKind::Tx, &layout);
@@ -643,8 +635,7 @@ mod tests {
 
     #[test]
     fn full_ring_refuses_push() {
-        let layout = ChannelLayout::new(16, 64 << 10).unwrap();
-        let mut buf = region(64 << 10);
+        let (layout, mut buf) = channel(16);
         let m = ChannelMem::new(mem_of(&mut buf), layout).unwrap();
         let mut p = Producer::new(RingKind::Rx, &layout);
         assert_eq!(p.free(&m).unwrap(), 16);
@@ -658,8 +649,7 @@ mod tests {
 
     #[test]
     fn impossible_indices_are_errors_not_panics() {
-        let layout = ChannelLayout::new(16, 64 << 10).unwrap();
-        let mut buf = region(64 << 10);
+        let (layout, mut buf) = channel(16);
         let m = ChannelMem::new(mem_of(&mut buf), layout).unwrap();
         let mut c = Consumer::new(RingKind::Tx, &layout);
         // The guest claims 17 messages in a 16-slot ring.

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::SystemTime;
 
-use svnic_channels::{ChannelAddr, ChannelId, EndpointId, FailureReason, MacAddr};
+use svnic_channels::{ChannelAddr, ChannelId, FailureReason};
 
 use crate::lifecycle::ChannelState;
 use crate::policy::GuestPolicy;
@@ -20,44 +20,8 @@ impl fmt::Display for GuestId {
     }
 }
 
-/// A guest's channel-create request, as decoded from its control frame. Every field is
-/// guest-chosen and untrusted until [`crate::ControlPlane::begin_create`] accepts it.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub struct CreateRequest {
-    /// The MAC the channel is addressed by; must be owned by the requesting guest.
-    pub mac: MacAddr,
-    /// The endpoint id within that MAC; must be in the guest's range and free.
-    pub endpoint: EndpointId,
-    /// Slots per ring.
-    pub ring_size: u32,
-    /// Guest-physical address of the channel region.
-    pub region_addr: u64,
-    /// Length of the channel region in bytes.
-    pub region_len: u64,
-}
-
-impl CreateRequest {
-    /// The channel address the request asks for.
-    pub fn addr(&self) -> ChannelAddr {
-        ChannelAddr {
-            mac: self.mac,
-            endpoint: self.endpoint,
-        }
-    }
-}
-
-impl fmt::Display for CreateRequest {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} ring {} region {:#x}+{:#x}",
-            self.addr(),
-            self.ring_size,
-            self.region_addr,
-            self.region_len
-        )
-    }
-}
+/// A guest's channel-create request, as decoded from its control frame: the ABI crate's type.
+pub use svnic_channels::frame::CreateRequest;
 
 /// What the control plane knows about one channel: the operator view.
 #[derive(Clone, PartialEq, Eq, Debug)]

@@ -378,7 +378,9 @@ fn serve_one(
 mod tests {
     use super::*;
     use crate::admin::query;
-    use crate::sockets::test_support::{connect_as, is_root, private_dir, Scratch, Seen};
+    use crate::sockets::test_support::{
+        connect_as, open_dir, private_dir, require_root, Scratch, Seen,
+    };
     use std::io::{BufRead, BufReader};
 
     /// Answers every request with an error of `size` bytes.
@@ -528,13 +530,8 @@ mod tests {
 
     #[test]
     fn a_uid_not_allowed_is_closed_at_once() {
-        if !is_root() {
-            eprintln!("skipped: connecting as another uid needs root");
-            return;
-        }
-        let dir = private_dir("admin-peer");
-        std::fs::set_permissions(&*dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .unwrap();
+        require_root!("connecting as another uid needs root");
+        let dir = open_dir("admin-peer");
         let path = dir.join("admin.sock");
         let mut options = AdminOptions::default();
         // Reachable by every uid: only the allow-list (root and this process) decides.

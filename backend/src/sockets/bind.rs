@@ -208,10 +208,20 @@ fn bind_with_mode(path: &Path, access: &SocketAccess) -> Result<UnixListener, So
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sockets::test_support::{is_root, private_dir};
+    use crate::sockets::test_support::{access_with_mode, private_dir, require_root};
 
     fn mode_of(path: &Path) -> u32 {
         std::fs::symlink_metadata(path).unwrap().mode() & 0o7777
+    }
+
+    /// Binds `$path` with the default access, expects a refusal matching `$pattern`, and
+    /// returns it.
+    macro_rules! assert_refused {
+        ($path:expr, $pattern:pat) => {{
+            let e = bind_socket($path, &SocketAccess::default()).unwrap_err();
+            assert!(matches!(e, $pattern), "{e}");
+            e
+        }};
     }
 
     #[test]
@@ -232,11 +242,7 @@ mod tests {
         // Under the test's umask a plain bind would give 0755 (or 0775): neither mode below.
         for mode in [0o600, 0o660, 0o666] {
             let path = dir.join(format!("m{mode:o}.sock"));
-            let access = SocketAccess {
-                mode,
-                ..SocketAccess::default()
-            };
-            let listener = bind_socket(&path, &access).unwrap();
+            let listener = bind_socket(&path, &access_with_mode(mode)).unwrap();
             assert_eq!(mode_of(&path), mode, "{}", path.display());
             assert!(UnixStream::connect(&path).is_ok(), "it listens");
             drop(listener);
@@ -250,8 +256,7 @@ mod tests {
         drop(UnixListener::bind(&path).unwrap());
         assert!(path.exists(), "the stale file stays after its listener");
         let live = bind_socket(&path, &SocketAccess::default()).unwrap();
-        let e = bind_socket(&path, &SocketAccess::default()).unwrap_err();
-        assert!(matches!(e, SocketError::InUse { .. }), "{e}");
+        assert_refused!(&path, SocketError::InUse { .. });
         drop(live);
     }
 
@@ -260,13 +265,11 @@ mod tests {
         let dir = private_dir("notsock");
         let file = dir.join("f.sock");
         std::fs::write(&file, b"data").unwrap();
-        let e = bind_socket(&file, &SocketAccess::default()).unwrap_err();
-        assert!(matches!(e, SocketError::NotASocket { .. }), "{e}");
+        assert_refused!(&file, SocketError::NotASocket { .. });
         assert_eq!(std::fs::read(&file).unwrap(), b"data", "left alone");
         let link = dir.join("l.sock");
         std::os::unix::fs::symlink(dir.join("elsewhere.sock"), &link).unwrap();
-        let e = bind_socket(&link, &SocketAccess::default()).unwrap_err();
-        assert!(matches!(e, SocketError::NotASocket { .. }), "{e}");
+        assert_refused!(&link, SocketError::NotASocket { .. });
     }
 
     #[test]
@@ -275,10 +278,9 @@ mod tests {
         let open = dir.join("open");
         std::fs::create_dir(&open).unwrap();
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let e = bind_socket(&open.join("a.sock"), &SocketAccess::default()).unwrap_err();
-        assert!(
-            matches!(e, SocketError::DirectoryWritable { mode: 0o777, .. }),
-            "{e}"
+        let e = assert_refused!(
+            &open.join("a.sock"),
+            SocketError::DirectoryWritable { mode: 0o777, .. }
         );
         assert!(e.to_string().contains("0777"), "{e}");
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o770)).unwrap();
@@ -291,11 +293,9 @@ mod tests {
     #[test]
     fn a_missing_directory_and_a_too_long_path_are_refused() {
         let dir = private_dir("missing");
-        let e = bind_socket(&dir.join("no/such/x.sock"), &SocketAccess::default()).unwrap_err();
-        assert!(matches!(e, SocketError::NoDirectory { .. }), "{e}");
+        assert_refused!(&dir.join("no/such/x.sock"), SocketError::NoDirectory { .. });
         let long = dir.join("x".repeat(120));
-        let e = bind_socket(&long, &SocketAccess::default()).unwrap_err();
-        assert!(matches!(e, SocketError::PathTooLong { .. }), "{e}");
+        assert_refused!(&long, SocketError::PathTooLong { .. });
     }
 
     #[test]
@@ -312,39 +312,28 @@ mod tests {
 
     #[test]
     fn files_and_directories_of_another_user_are_refused() {
-        if !is_root() {
-            eprintln!("skipped: chown to another uid needs root");
-            return;
-        }
+        require_root!("chown to another uid needs root");
         let dir = private_dir("owner");
         // A socket that another user left (or planted) at the path.
         let path = dir.join("theirs.sock");
         drop(UnixListener::bind(&path).unwrap());
         std::os::unix::fs::lchown(&path, Some(65534), None).unwrap();
-        let e = bind_socket(&path, &SocketAccess::default()).unwrap_err();
-        assert!(
-            matches!(e, SocketError::NotOurs { owner: 65534, .. }),
-            "{e}"
-        );
+        let e = assert_refused!(&path, SocketError::NotOurs { owner: 65534, .. });
         assert!(e.to_string().contains("does not own"), "{e}");
         assert!(path.exists(), "their file is left alone");
         // A directory of another user.
         let theirs = dir.join("their-dir");
         std::fs::create_dir(&theirs).unwrap();
         std::os::unix::fs::lchown(&theirs, Some(65534), None).unwrap();
-        let e = bind_socket(&theirs.join("a.sock"), &SocketAccess::default()).unwrap_err();
-        assert!(
-            matches!(e, SocketError::DirectoryNotOurs { owner: 65534, .. }),
-            "{e}"
+        assert_refused!(
+            &theirs.join("a.sock"),
+            SocketError::DirectoryNotOurs { owner: 65534, .. }
         );
     }
 
     #[test]
     fn the_group_is_set_when_asked() {
-        if !is_root() {
-            eprintln!("skipped: giving a socket to another group needs root");
-            return;
-        }
+        require_root!("giving a socket to another group needs root");
         let dir = private_dir("group");
         let path = dir.join("g.sock");
         let access = SocketAccess {

@@ -57,25 +57,14 @@ impl PeerFilter {
         let Some(allowed) = &self.allow_uids else {
             return true;
         };
-        match peer_uid(stream) {
-            Ok(uid) if allowed.contains(&uid) => true,
-            Ok(uid) => {
-                self.refused.fetch_add(1, Ordering::Relaxed);
-                log_limited!(
-                    log::Level::Warn,
-                    "{socket}: refusing a connection from uid {uid}: not in the allowed uids {allowed:?}"
-                );
-                false
-            }
-            Err(e) => {
-                self.refused.fetch_add(1, Ordering::Relaxed);
-                log_limited!(
-                    log::Level::Warn,
-                    "{socket}: refusing a connection whose peer credentials cannot be read: {e}"
-                );
-                false
-            }
-        }
+        let why = match peer_uid(stream) {
+            Ok(uid) if allowed.contains(&uid) => return true,
+            Ok(uid) => format!("from uid {uid}: not in the allowed uids {allowed:?}"),
+            Err(e) => format!("whose peer credentials cannot be read: {e}"),
+        };
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        log_limited!(log::Level::Warn, "{socket}: refusing a connection {why}");
+        false
     }
 
     /// Connections refused so far.
@@ -92,7 +81,9 @@ impl PeerFilter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sockets::test_support::{connect_as, is_root, private_dir, Seen};
+    use crate::sockets::test_support::{
+        access_with_mode, connect_as, open_dir, private_dir, require_root, Seen,
+    };
     use crate::sockets::{bind_socket, SocketAccess};
     use std::time::Duration;
 
@@ -111,20 +102,11 @@ mod tests {
 
     #[test]
     fn a_peer_outside_the_allow_list_is_closed_at_once_and_counted() {
-        if !is_root() {
-            eprintln!("skipped: connecting as another uid needs root");
-            return;
-        }
-        let dir = private_dir("peer");
+        require_root!("connecting as another uid needs root");
         // Reachable by everyone: only the allow-list keeps uid 65534 out.
-        std::fs::set_permissions(&*dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .unwrap();
+        let dir = open_dir("peer");
         let path = dir.join("p.sock");
-        let access = SocketAccess {
-            mode: 0o666,
-            ..SocketAccess::default()
-        };
-        let listener = bind_socket(&path, &access).unwrap();
+        let listener = bind_socket(&path, &access_with_mode(0o666)).unwrap();
         let filter = PeerFilter::new(Some(&[0]));
         let server = {
             let filter = filter.clone();

@@ -22,9 +22,35 @@ pub(crate) fn private_dir(tag: &str) -> Scratch {
     Scratch(TempDir::new_with_prefix(format!("/tmp/svnic-sock-{tag}-")).unwrap())
 }
 
+/// A scratch directory (mode 0755) that every uid can reach, removed when dropped.
+pub(crate) fn open_dir(tag: &str) -> Scratch {
+    let dir = private_dir(tag);
+    std::fs::set_permissions(&*dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    dir
+}
+
+/// The default access with socket mode `mode`.
+pub(crate) fn access_with_mode(mode: u32) -> super::SocketAccess {
+    super::SocketAccess {
+        mode,
+        ..super::SocketAccess::default()
+    }
+}
+
 pub(crate) fn is_root() -> bool {
     super::sys::effective_uid() == 0
 }
+
+/// Returns from the calling test, saying why it is skipped, unless the process runs as root.
+macro_rules! require_root {
+    ($why:literal) => {
+        if !$crate::sockets::test_support::is_root() {
+            eprintln!(concat!("skipped: ", $why));
+            return;
+        }
+    };
+}
+pub(crate) use require_root;
 
 /// What a connection made by another uid saw.
 #[derive(Debug, PartialEq, Eq)]

@@ -295,6 +295,15 @@ mod tests {
         }
     }
 
+    /// A table holding `channel`, created in region [`R`] and taken by its caller.
+    fn holding(channel: u32) -> RequestTable {
+        let mut t = RequestTable::new();
+        let id = t.begin_create(R);
+        t.on_response(&resp(id, channel, success())).unwrap();
+        t.take_final(id);
+        t
+    }
+
     #[test]
     fn create_then_destroy_frees_only_on_destroyed() {
         let mut t = RequestTable::new();
@@ -344,10 +353,7 @@ mod tests {
 
     #[test]
     fn a_refused_destroy_quarantines_the_region() {
-        let mut t = RequestTable::new();
-        let id = t.begin_create(R);
-        t.on_response(&resp(id, 3, success())).unwrap();
-        t.take_final(id);
+        let mut t = holding(3);
         let d = t.begin_destroy(ChannelId(3)).unwrap();
         let failure = ControlStatus::Failure(FailureReason::NoSuchChannel);
         assert_eq!(
@@ -390,10 +396,7 @@ mod tests {
 
     #[test]
     fn an_abandoned_destroy_still_frees_when_acknowledged() {
-        let mut t = RequestTable::new();
-        let id = t.begin_create(R);
-        t.on_response(&resp(id, 4, success())).unwrap();
-        t.take_final(id);
+        let mut t = holding(4);
         let d = t.begin_destroy(ChannelId(4)).unwrap();
         t.abandon(d);
         assert_eq!(

@@ -431,6 +431,7 @@ impl DemoReport {
 
     /// A human table.
     pub fn to_table(&self) -> String {
+        const THREAD_PER_GUEST: &str = "bypass, user-data, thread per guest";
         let lat = |name: &str, s: &LatencyStats| {
             format!(
                 "{name:<34} {:>9.1} {:>9.1} {:>9.1}\n",
@@ -468,25 +469,27 @@ impl DemoReport {
             "{:<34} {:>9} {:>9} {:>9}\n",
             "round trip (us)", "min", "p50", "p99"
         ));
-        s.push_str(&lat("bypass channel, user-data 32 B", &self.bypass_user));
-        s.push_str(&lat("bypass channel, DMA-data 4 KiB", &self.bypass_dma));
-        s.push_str(&lat(
-            "bypass, user-data, thread per guest",
-            &self.bypass_user_threads,
-        ));
-        s.push_str(&lat("virtio-net frames, 32 B", &self.virtio));
+        for (name, stats) in [
+            ("bypass channel, user-data 32 B", &self.bypass_user),
+            ("bypass channel, DMA-data 4 KiB", &self.bypass_dma),
+            (THREAD_PER_GUEST, &self.bypass_user_threads),
+            ("virtio-net frames, 32 B", &self.virtio),
+        ] {
+            s.push_str(&lat(name, stats));
+        }
         s.push_str(&format!(
             "\n{:<34} {:>12} {:>10}\n",
             format!("streaming (median of {STREAM_RUNS})"),
             "msgs/s",
             "MB/s"
         ));
-        s.push_str(&thr("bypass channel, user-data 40 B", &self.bypass_stream));
-        s.push_str(&thr(
-            "bypass, user-data, thread per guest",
-            &self.bypass_stream_threads,
-        ));
-        s.push_str(&thr("virtio-net frames, 64 B payload", &self.virtio_stream));
+        for (name, runs) in [
+            ("bypass channel, user-data 40 B", &self.bypass_stream),
+            (THREAD_PER_GUEST, &self.bypass_stream_threads),
+            ("virtio-net frames, 64 B payload", &self.virtio_stream),
+        ] {
+            s.push_str(&thr(name, runs));
+        }
         s.push_str(&format!(
             "\nbypass vs virtio-net: round trip {:.1}x lower, throughput {:.1}x higher ({} of {} frames arrived)\n",
             self.latency_ratio(),

@@ -6,6 +6,7 @@
 //!
 //! [`RequestTable`]: svnic_client::request_table::RequestTable
 
+use std::collections::HashMap;
 use std::os::fd::AsFd;
 
 use log::{debug, info, warn};
@@ -280,34 +281,19 @@ impl Agent {
             // Never registered: the engine does not know this memory.
             self.prepared.remove(&key);
         }
-        let creates: Vec<u32> = self
-            .creates
-            .iter()
-            .filter(|(_, c)| c.app == app)
-            .map(|(id, _)| *id)
-            .collect();
+        let creates = keys_of_app(&self.creates, app, |c| c.app);
         for id in &creates {
             self.creates.remove(id);
             // Answered later: a refusal frees the memory, a success is destroyed (Action).
             let actions = self.table.abandon(*id);
             self.apply(actions);
         }
-        let destroys: Vec<u32> = self
-            .destroys
-            .iter()
-            .filter(|(_, d)| d.app == app)
-            .map(|(id, _)| *id)
-            .collect();
+        let destroys = keys_of_app(&self.destroys, app, |d| d.app);
         for id in &destroys {
             self.destroys.remove(id);
             self.table.abandon(*id);
         }
-        let live: Vec<ChannelId> = self
-            .live
-            .iter()
-            .filter(|(_, l)| l.app == app)
-            .map(|(c, _)| *c)
-            .collect();
+        let live = keys_of_app(&self.live, app, |l| l.app);
         for channel in &live {
             self.forget_live(*channel);
             if let Some(id) = self.destroy_in_engine(*channel) {
@@ -511,4 +497,12 @@ impl Agent {
             Err(e) => debug!("{channel}: doorbell eventfd: {e}"),
         }
     }
+}
+
+/// The keys of the entries of `map` that belong to application `app`.
+fn keys_of_app<K: Copy, V>(map: &HashMap<K, V>, app: u64, app_of: impl Fn(&V) -> u64) -> Vec<K> {
+    map.iter()
+        .filter(|(_, v)| app_of(v) == app)
+        .map(|(k, _)| *k)
+        .collect()
 }

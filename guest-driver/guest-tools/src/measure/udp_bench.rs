@@ -205,14 +205,22 @@ mod tests {
         (a, b)
     }
 
-    #[test]
-    fn ping_and_echo_over_loopback() {
+    /// Runs `serve` on the second socket of a pair in a thread, and returns the first socket,
+    /// the second's address (probed: the server answers) and the thread.
+    fn served<T: Send + 'static>(
+        serve: impl FnOnce(UdpSocket) -> T + Send + 'static,
+    ) -> (UdpSocket, SocketAddr, std::thread::JoinHandle<T>) {
         let (a, b) = pair();
         let peer = b.local_addr().unwrap();
-        let echo = std::thread::spawn(move || {
-            udp_echo(&b, 50, Duration::from_secs(10), Duration::from_secs(5)).unwrap()
-        });
+        let server = std::thread::spawn(move || serve(b));
         assert!(udp_probe(&a, peer, Duration::from_secs(10)).unwrap());
+        (a, peer, server)
+    }
+
+    #[test]
+    fn ping_and_echo_over_loopback() {
+        let (a, peer, echo) =
+            served(|b| udp_echo(&b, 50, Duration::from_secs(10), Duration::from_secs(5)).unwrap());
         let s = udp_ping(&a, peer, 64, 50).unwrap().unwrap();
         assert_eq!(s.count, 50);
         assert!(s.min <= s.p50 && s.p50 <= s.p99);
@@ -221,12 +229,9 @@ mod tests {
 
     #[test]
     fn a_stream_is_counted_from_first_to_last() {
-        let (a, b) = pair();
-        let peer = b.local_addr().unwrap();
-        let sink = std::thread::spawn(move || {
+        let (a, peer, sink) = served(|b| {
             udp_stream_recv(&b, 200, Duration::from_secs(10), Duration::from_millis(500)).unwrap()
         });
-        assert!(udp_probe(&a, peer, Duration::from_secs(10)).unwrap());
         udp_stream_send(&a, peer, 100, 200).unwrap();
         let t = sink.join().unwrap();
         // Loopback may drop under pressure; most arrive, each of 100 bytes.
