@@ -1,12 +1,10 @@
 //! Seed inputs of `vhost_user_sequences`: the polite orders real frontends use, and a few
-//! hostile turns on them, written as values and encoded with [`crate::vhost_user_input::Encode`].
-//!
-//! `cargo +nightly test --lib` (in fuzz/) checks that the committed files are what [`seeds`]
-//! encodes; `SVNIC_FUZZ_WRITE_SEEDS=1` makes that test rewrite them instead.
+//! hostile turns on them, written as values.
 
-use crate::vhost_user_input::{
-    req, to_bytes, Addr, Attach, Body, Flags, Input, Message, Region, Request,
-};
+use svnic_tests::raw_frontend::protocol::{CONFIG, CONFIGURE_MEM_SLOTS, REPLY_ACK, RESET_DEVICE};
+use svnic_tests::raw_frontend::{config_body, req};
+
+use super::input::{Addr, Attach, Body, Flags, Input, Message, Region, Request};
 
 /// The guest memory of the seeds: 8 MiB.
 const MEM: u32 = 8 << 20;
@@ -17,11 +15,6 @@ const RING_AT: [u32; 2] = [0x1_0000, 0x2_0000];
 /// VIRTIO_F_VERSION_1, VHOST_USER_F_PROTOCOL_FEATURES, RING_EVENT_IDX, RING_INDIRECT_DESC,
 /// NET_MRG_RXBUF: what svnic offers, less MAC and STATUS (QEMU acks those as the device's).
 const ACKED_FEATURES: u64 = (1 << 32) | (1 << 30) | (1 << 29) | (1 << 28) | (1 << 15);
-const REPLY_ACK: u64 = 1 << 3;
-const CONFIG: u64 = 1 << 9;
-const RESET_DEVICE: u64 = 1 << 13;
-/// Never offered by svnic.
-const CONFIGURE_MEM_SLOTS: u64 = 1 << 15;
 
 fn msg(code: u32, flags: Flags, body: Body, fds: Vec<Attach>) -> Message {
     Message {
@@ -173,9 +166,8 @@ pub fn seeds() -> Vec<(&'static str, Input)> {
     let polite = vhost_crate(sealed_memory(), Attach::EventFd, Attach::EventFd);
 
     let mut config_and_reset = polite.clone();
-    // GET_CONFIG: offset 0, size 10, flags 0, then the 10 bytes of the MAC/status.
-    let mut get_config = vec![0, 0, 0, 0, 10, 0, 0, 0, 0, 0, 0, 0];
-    get_config.extend_from_slice(&[0; 10]);
+    // GET_CONFIG of the 10 bytes of the MAC and status.
+    let get_config = config_body(0, &[0; 10]);
     config_and_reset.push(plain(req::GET_CONFIG, Body::Raw(get_config)));
     for ring in 0..2 {
         config_and_reset.push(vring_state(req::SET_VRING_ENABLE, ring, 0));
@@ -202,7 +194,7 @@ pub fn seeds() -> Vec<(&'static str, Input)> {
     enable_flood.extend((0..40).map(|ring| vring_state(req::SET_VRING_ENABLE, 1000 + ring, 1)));
     enable_flood.extend(qemu_7_2(sealed_memory()));
 
-    // A protocol feature svnic never offered, acked anyway, then regions added one by one.
+    // A protocol feature svnic never offered (CONFIGURE_MEM_SLOTS), acked anyway, then regions added one by one.
     let mut mem_slots = polite.clone();
     mem_slots.insert(
         4,
@@ -254,52 +246,4 @@ pub fn seeds() -> Vec<(&'static str, Input)> {
     .into_iter()
     .map(|(name, messages)| (name, Input { messages }))
     .collect()
-}
-
-/// The encoded seeds, with their file names.
-pub fn seed_files() -> Vec<(&'static str, Vec<u8>)> {
-    seeds()
-        .into_iter()
-        .map(|(name, input)| (name, to_bytes(&input)))
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::vhost_user_input::MAX_MESSAGES;
-    use arbitrary::{Arbitrary, Unstructured};
-    use std::path::PathBuf;
-
-    fn corpus_dir() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("corpus/vhost_user_sequences")
-    }
-
-    #[test]
-    fn seeds_decode_to_themselves_and_fit_the_harness_limits() {
-        for (name, input) in seeds() {
-            let bytes = to_bytes(&input);
-            let back = Input::arbitrary_take_rest(Unstructured::new(&bytes)).expect(name);
-            assert_eq!(back, input, "{name}");
-            assert!(input.messages.len() <= MAX_MESSAGES, "{name}");
-        }
-    }
-
-    #[test]
-    fn committed_seeds_are_what_the_generator_writes() {
-        let dir = corpus_dir();
-        if std::env::var_os("SVNIC_FUZZ_WRITE_SEEDS").is_some() {
-            std::fs::create_dir_all(&dir).expect("corpus dir");
-            for (name, bytes) in seed_files() {
-                std::fs::write(dir.join(name), bytes).expect("seed written");
-            }
-        }
-        for (name, bytes) in seed_files() {
-            let on_disk = std::fs::read(dir.join(name)).unwrap_or_default();
-            assert!(
-                on_disk == bytes,
-                "{name} is stale: rerun with SVNIC_FUZZ_WRITE_SEEDS=1"
-            );
-        }
-    }
 }
