@@ -457,5 +457,4 @@ impl VirtioNet {
 }
 
 #[cfg(test)]
-#[path = "virtio_net_tests.rs"]
 mod tests;
