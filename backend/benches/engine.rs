@@ -49,20 +49,17 @@
 //! results into ratios against the project's targets.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::hint::black_box;
 use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use support::FakeGuest;
 use svnic_backend::{Engine, EngineConfig, Placement};
 use svnic_channels::layout::{header, DEFAULT_REGION_LEN};
 use svnic_channels::{ChannelAddr, DataRef, Message};
 use svnic_client::Channel;
+use svnic_tests::fake_guest::FakeGuest;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileMemory};
 
 /// Inline payload: the whole 40 bytes a 64-byte message carries.

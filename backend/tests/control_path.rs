@@ -2,17 +2,15 @@
 //! wakes, and the frames a guest must not be able to use.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::sync::{Arc, Mutex};
 
-use support::*;
 use svnic_backend::control_path::{ControlPath, FrameOut};
 use svnic_channels::frame::{
     ControlOp, ControlRequest, ControlStatus, CreateRequest, Frame, FrameBody,
 };
 use svnic_channels::{ChannelId, FailureReason, MacAddr};
 use svnic_control_plane::GuestId;
+use svnic_tests::fake_guest::*;
 
 #[derive(Default)]
 struct Recorder(Mutex<Vec<(GuestId, Vec<u8>)>>);

@@ -5,16 +5,14 @@
 //! written into a closed channel, nothing reserved, and counters that balance.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::*;
 use svnic_backend::{Engine, EngineConfig};
 use svnic_channels::message::FLAG_COMPLETE;
 use svnic_channels::{ChannelId, CompletionStatus, DataRef, Message};
 use svnic_client::Channel;
+use svnic_tests::fake_guest::*;
 use vm_memory::{Bytes, GuestAddress};
 
 const T: Duration = Duration::from_secs(30);

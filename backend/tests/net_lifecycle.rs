@@ -1,15 +1,16 @@
 //! Connections come and go; hostile frontends end only their own connection.
 #![allow(clippy::unwrap_used)]
 
-mod net_support;
-
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
-use net_support::{eth, mac, payload, wait_for_log, Event, Net, TestFrontend, MEM_SIZE, TIMEOUT};
 use svnic_control_plane::GuestId;
+use svnic_tests::frames::{eth, payload};
+use svnic_tests::logs::wait_for as wait_for_log;
+use svnic_tests::switch_fixture::{mac, Event, Net};
+use svnic_tests::vhost_frontend::{TestFrontend, MEM_SIZE, RX, TIMEOUT, TX};
 use vhost::VhostBackend;
 
 const QUIET: Duration = Duration::from_millis(200);
@@ -120,13 +121,13 @@ fn the_device_goes_down_only_when_every_ring_is_stopped() {
     let mut b = TestFrontend::start(&sb);
     exchange(&mut a, &mut b, 1);
 
-    a.stop_ring(net_support::RX).unwrap();
+    a.stop_ring(RX).unwrap();
     let f = eth(mac(2), mac(1), 0x0800, &payload(7, 90));
     a.send(&f); // TX still runs
     assert_eq!(b.recv(TIMEOUT), Some(f));
     assert!(!net.events.events().contains(&LINK_DOWN));
 
-    a.stop_ring(net_support::TX).unwrap();
+    a.stop_ring(TX).unwrap();
     net.events.wait_count(&LINK_DOWN, 1);
     assert_eq!(
         net.events.of(GuestId(1)),

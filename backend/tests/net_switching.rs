@@ -1,15 +1,15 @@
 //! Guests connected over real vhost-user sockets exchange frames through the switch.
 #![allow(clippy::unwrap_used)]
 
-mod net_support;
-
 use std::time::{Duration, Instant};
 
-use net_support::{eth, mac, payload, Event, Net, TestFrontend, HDR_LEN, RX_BUFFERS, TIMEOUT};
 use svnic_backend::net::PortStats;
 use svnic_channels::frame::{ControlResponse, ControlStatus, Frame, FrameBody, ETHERTYPE};
 use svnic_channels::{ChannelId, MacAddr};
 use svnic_control_plane::GuestId;
+use svnic_tests::frames::{eth, payload};
+use svnic_tests::switch_fixture::{mac, Event, Net};
+use svnic_tests::vhost_frontend::{TestFrontend, HDR_LEN, RX_BUFFERS, TIMEOUT};
 
 const QUIET: Duration = Duration::from_millis(200);
 
@@ -171,7 +171,7 @@ fn inject_reaches_the_guest() {
     // queue and arrive once buffers are posted. (That queue is small: let the device drain it
     // into the guest's buffers as the frames go in.)
     let mut many = Vec::new();
-    for i in 0..(u32::from(net_support::RX_BUFFERS) + 5) {
+    for i in 0..(u32::from(RX_BUFFERS) + 5) {
         wait_for_stats(&net, 1, "engine queue drained", |s| s.engine_queued < 16);
         let f = eth(mac(1), MacAddr::ENGINE, ETHERTYPE, &payload(i as u8, 30));
         assert!(net.switch.inject(GuestId(1), &f));
