@@ -18,10 +18,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use svnic_backend::control_path::{ControlPath, FrameOut};
-use svnic_backend::{Engine, EngineConfig};
+use svnic_backend::Engine;
 use svnic_channels::MacAddr;
 use svnic_control_plane::{GuestId, GuestPolicy};
 use svnic_guestd::memory::{MemfdBackend, HUGEPAGE};
@@ -67,11 +67,7 @@ impl Vm {
         let dir = std::env::temp_dir().join(format!("svnic-vmmode-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let engine = Engine::new(EngineConfig {
-            workers: 1,
-            ..EngineConfig::default()
-        })
-        .unwrap();
+        let engine = svnic_tests::fake_guest::engine(1);
         let guest = engine
             .register_guest(GuestPolicy::new("vm", MAC), None)
             .unwrap();
@@ -139,6 +135,14 @@ impl Vm {
         self.engine.control().live_channels_of(self.guest).len()
     }
 
+    /// Starts `tool --agent <the agent's socket> <args>` (as nobody when root).
+    fn run(&self, tool: &str, args: &[&str]) -> Tool {
+        let sock = self.sock();
+        let mut all = vec![tool, "--agent", &sock];
+        all.extend_from_slice(args);
+        self.tool(tool, &all)
+    }
+
     fn tool(&self, name: &str, args: &[&str]) -> Tool {
         // SAFETY: geteuid has no preconditions.
         let root = unsafe { libc::geteuid() } == 0;
@@ -160,27 +164,20 @@ impl Drop for Vm {
     }
 }
 
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < LONG, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+fn wait_until(what: &str, f: impl FnMut() -> bool) {
+    eprintln!("waiting until {what}");
+    svnic_tests::wait::wait_until(LONG, f);
 }
 
 #[test]
 fn ping_and_perf_through_the_agent_and_the_real_engine() {
     let vm = Vm::start("tools");
-    let sock = vm.sock();
     let free = vm.memory.free_bytes();
     let peer = format!("{MAC}/1");
     for path in ["user", "dma", "user"] {
-        let echo = vm.tool(
+        let echo = vm.run(
             "echo",
             &[
-                "echo",
-                "--agent",
-                &sock,
                 "--path",
                 path,
                 "--endpoint",
@@ -196,12 +193,9 @@ fn ping_and_perf_through_the_agent_and_the_real_engine() {
             "{ready}"
         );
         let p = vm
-            .tool(
+            .run(
                 "ping",
                 &[
-                    "ping",
-                    "--agent",
-                    &sock,
                     "--path",
                     path,
                     "--endpoint",
@@ -228,29 +222,15 @@ fn ping_and_perf_through_the_agent_and_the_real_engine() {
     }
     for (path, count) in [("user", 20_000u64), ("dma", 2_000)] {
         let n = count.to_string();
-        let sink = vm.tool(
+        let sink = vm.run(
             "sink",
-            &[
-                "sink",
-                "--agent",
-                &sock,
-                "--path",
-                path,
-                "--endpoint",
-                "1",
-                "--count",
-                &n,
-                "--json",
-            ],
+            &["--path", path, "--endpoint", "1", "--count", &n, "--json"],
         );
         sink.wait_ready(LONG);
         let p = vm
-            .tool(
+            .run(
                 "perf",
                 &[
-                    "perf",
-                    "--agent",
-                    &sock,
                     "--path",
                     path,
                     "--endpoint",
@@ -281,28 +261,15 @@ fn ping_and_perf_through_the_agent_and_the_real_engine() {
 #[test]
 fn sleeping_clients_are_woken_through_the_agent() {
     let vm = Vm::start("sleep");
-    let sock = vm.sock();
     let peer = format!("{MAC}/1");
     // No polling at all: every wait sleeps, so every reply needs a Wake frame relayed by the
     // agent to the application's eventfd.
     let quiet = ["--spins", "0", "--yields", "0"];
-    let mut args = vec![
-        "echo",
-        "--agent",
-        &sock,
-        "--endpoint",
-        "1",
-        "--count",
-        "50",
-        "--json",
-    ];
+    let mut args = vec!["--endpoint", "1", "--count", "50", "--json"];
     args.extend(quiet);
-    let echo = vm.tool("echo", &args);
+    let echo = vm.run("echo", &args);
     echo.wait_ready(LONG);
     let mut args = vec![
-        "ping",
-        "--agent",
-        &sock,
         "--endpoint",
         "2",
         "--peer",
@@ -312,7 +279,7 @@ fn sleeping_clients_are_woken_through_the_agent() {
         "--json",
     ];
     args.extend(quiet);
-    let p = vm.tool("ping", &args).finish(LONG).json();
+    let p = vm.run("ping", &args).finish(LONG).json();
     assert_eq!(p["round_trips"], 50);
     assert_eq!(echo.finish(LONG).json()["echoed"], 50);
     let st = vm.handle.status();
@@ -329,19 +296,9 @@ fn sleeping_clients_are_woken_through_the_agent() {
 fn a_killed_application_has_its_channel_destroyed_before_the_memory_is_freed() {
     let vm = Vm::start("kill");
     let free = vm.memory.free_bytes();
-    let echo = vm.tool(
+    let echo = vm.run(
         "echo",
-        &[
-            "echo",
-            "--agent",
-            &vm.sock(),
-            "--path",
-            "user",
-            "--count",
-            "1000000",
-            "--wait",
-            "600",
-        ],
+        &["--path", "user", "--count", "1000000", "--wait", "600"],
     );
     echo.wait_ready(LONG);
     assert_eq!(vm.live_in_engine(), 1);
