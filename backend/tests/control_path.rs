@@ -11,6 +11,7 @@ use svnic_channels::frame::{
 use svnic_channels::{ChannelId, FailureReason, MacAddr};
 use svnic_control_plane::GuestId;
 use svnic_tests::fake_guest::*;
+use svnic_tests::logs;
 
 #[derive(Default)]
 struct Recorder(Mutex<Vec<(GuestId, Vec<u8>)>>);
@@ -243,43 +244,14 @@ fn the_waker_sends_wake_frames_to_the_guest() {
 
 /// Log lines written on the current test's thread, captured at every level.
 fn lines_of_this_test() -> Vec<(log::Level, String)> {
-    let name = std::thread::current().name().map(str::to_owned);
-    CAPTURE
-        .lines
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|(thread, _, _)| *thread == name)
-        .map(|(_, level, msg)| (*level, msg.clone()))
+    logs::of_this_thread()
+        .into_iter()
+        .map(|l| (l.level, l.text))
         .collect()
 }
 
-struct Capture {
-    lines: Mutex<Vec<(Option<String>, log::Level, String)>>,
-}
-
-static CAPTURE: Capture = Capture {
-    lines: Mutex::new(Vec::new()),
-};
-
-impl log::Log for Capture {
-    fn enabled(&self, _: &log::Metadata) -> bool {
-        true
-    }
-    fn log(&self, record: &log::Record) {
-        let thread = std::thread::current().name().map(str::to_owned);
-        let line = (thread, record.level(), record.args().to_string());
-        self.lines.lock().unwrap().push(line);
-    }
-    fn flush(&self) {}
-}
-
 fn capture_logs() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        log::set_logger(&CAPTURE).unwrap();
-        log::set_max_level(log::LevelFilter::Trace);
-    });
+    logs::capture(log::LevelFilter::Trace);
 }
 
 #[test]
