@@ -5,12 +5,11 @@
 use std::sync::{Arc, Mutex};
 
 use svnic_backend::control_path::{ControlPath, FrameOut};
-use svnic_channels::frame::{
-    ControlOp, ControlRequest, ControlStatus, CreateRequest, Frame, FrameBody,
-};
+use svnic_channels::frame::{ControlOp, ControlStatus, Frame, FrameBody};
 use svnic_channels::{ChannelId, FailureReason, MacAddr};
 use svnic_control_plane::GuestId;
 use svnic_tests::fake_guest::*;
+use svnic_tests::frames::{control_request as request, create_op as create};
 use svnic_tests::logs;
 
 #[derive(Default)]
@@ -44,32 +43,6 @@ impl Recorder {
             })
             .collect()
     }
-}
-
-fn request(src: MacAddr, request_id: u32, op: ControlOp) -> Vec<u8> {
-    Frame {
-        dst: MacAddr::ENGINE,
-        src,
-        body: FrameBody::ControlRequest(ControlRequest { request_id, op }),
-    }
-    .encode()
-    .unwrap()
-}
-
-fn create(
-    mac: MacAddr,
-    endpoint: u32,
-    ring_size: u32,
-    region_addr: u64,
-    region_len: u64,
-) -> ControlOp {
-    ControlOp::Create(CreateRequest {
-        mac,
-        endpoint,
-        ring_size,
-        region_addr,
-        region_len,
-    })
 }
 
 #[test]

@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 
 use svnic_backend::admin::{AdminRequest, AdminResponse, AdminSource};
 use svnic_backend::config::EngineOverrides;
-use svnic_channels::frame::{ControlOp, ControlStatus, CreateRequest};
+use svnic_channels::frame::ControlStatus;
 use svnic_channels::{ChannelAddr, CompletionStatus, DataRef, FailureReason, MacAddr, Message};
 use svnic_host_frontend::HostGuest;
 use svnic_tests::daemon_fixture::{recv_messages, DaemonFixture};
-use svnic_tests::frames::{eth, mac_in};
+use svnic_tests::frames::{create_op as create, eth, mac_in};
 use svnic_tests::logs;
 use svnic_tests::vhost_frontend::TestFrontend;
 use svnic_tests::wait::wait_until;
@@ -46,22 +46,6 @@ fn recv(ch: &mut svnic_client::Channel, g: &HostGuest, n: usize) -> Vec<Message>
 // ---------------------------------------------------------------------------------------------
 
 const FREE: u64 = 0x30_0000; // 3..4 MiB of the test frontend's memory holds no rings or buffers
-
-fn create(
-    mac: MacAddr,
-    endpoint: u32,
-    ring_size: u32,
-    region_addr: u64,
-    region_len: u64,
-) -> ControlOp {
-    ControlOp::Create(CreateRequest {
-        mac,
-        endpoint,
-        ring_size,
-        region_addr,
-        region_len,
-    })
-}
 
 fn failure(answers: &[(ControlStatus, u32)]) -> Option<FailureReason> {
     match answers.last() {

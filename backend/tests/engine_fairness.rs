@@ -5,7 +5,6 @@
 //! written into a closed channel, nothing reserved, and counters that balance.
 #![allow(clippy::unwrap_used)]
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use svnic_backend::{Engine, EngineConfig};
@@ -230,14 +229,7 @@ fn dma_data_behind_a_reserved_buffer_waits_and_keeps_buffer_order() {
     let mut gd = FakeGuest::new(&engine, 2, 40);
     let mut a = ga.open_with(1, 256, LARGE_REGION).unwrap();
     let mut c = ga.open(2);
-    let (mut d, d_region) = gd
-        .open_with_doorbell(
-            1,
-            256,
-            LARGE_REGION,
-            Arc::new(EngineDoorbell(engine.clone())),
-        )
-        .unwrap();
+    let (mut d, d_region) = gd.open_region(1, 256, LARGE_REGION).unwrap();
     a.write_data(a.layout().data_offset, &pattern(1, LARGE))
         .unwrap();
     let small = pattern(2, 4096);
@@ -360,14 +352,7 @@ fn a_sender_destroyed_mid_message_gives_the_posted_buffer_back() {
     let mut gd = FakeGuest::new(&engine, 2, 40);
     let mut c = ga.open(2);
     let a_region = ga.alloc(LARGE_REGION);
-    let (mut d, d_region) = gd
-        .open_with_doorbell(
-            1,
-            256,
-            LARGE_REGION,
-            Arc::new(EngineDoorbell(engine.clone())),
-        )
-        .unwrap();
+    let (mut d, d_region) = gd.open_region(1, 256, LARGE_REGION).unwrap();
     let buffer = d.layout().data_offset;
     let data = pattern(11, LARGE);
     for attempt in 0..10u64 {

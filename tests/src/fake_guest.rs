@@ -179,9 +179,18 @@ impl FakeGuest {
         ring_size: u32,
         len: u64,
     ) -> Result<Channel, FailureReason> {
+        self.open_region(endpoint, ring_size, len).map(|(ch, _)| ch)
+    }
+
+    /// As [`FakeGuest::open_with`]; also returns the guest address of the channel's region.
+    pub fn open_region(
+        &mut self,
+        endpoint: u32,
+        ring_size: u32,
+        len: u64,
+    ) -> Result<(Channel, u64), FailureReason> {
         let doorbell = Arc::new(EngineDoorbell(self.engine.clone()));
         self.open_with_doorbell(endpoint, ring_size, len, doorbell)
-            .map(|(ch, _)| ch)
     }
 
     /// As [`FakeGuest::open_with`], with the client ringing `doorbell`; also returns the guest

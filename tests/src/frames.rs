@@ -1,5 +1,6 @@
 //! Ethernet frames and addresses for tests.
 
+use svnic_channels::frame::{ControlOp, ControlRequest, CreateRequest, Frame, FrameBody};
 use svnic_channels::MacAddr;
 
 /// A locally administered MAC address in test range `range` (a per-suite byte, so that suites
@@ -23,4 +24,33 @@ pub fn payload(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()
+}
+
+/// The encoded frame of control request `request_id` from `src` to the engine.
+pub fn control_request(src: MacAddr, request_id: u32, op: ControlOp) -> Vec<u8> {
+    let frame = Frame {
+        dst: MacAddr::ENGINE,
+        src,
+        body: FrameBody::ControlRequest(ControlRequest { request_id, op }),
+    };
+    frame
+        .encode()
+        .unwrap_or_else(|e| panic!("encoding {frame:?}: {e:?}"))
+}
+
+/// A create-channel operation.
+pub fn create_op(
+    mac: MacAddr,
+    endpoint: u32,
+    ring_size: u32,
+    region_addr: u64,
+    region_len: u64,
+) -> ControlOp {
+    ControlOp::Create(CreateRequest {
+        mac,
+        endpoint,
+        ring_size,
+        region_addr,
+        region_len,
+    })
 }

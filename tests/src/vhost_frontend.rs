@@ -14,7 +14,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use svnic_channels::frame::{ControlOp, ControlRequest, ControlStatus, Frame, FrameBody};
+use svnic_channels::frame::{ControlOp, ControlStatus, Frame, FrameBody};
 use svnic_channels::MacAddr;
 use vhost::vhost_user::message::{
     VhostUserConfigFlags, VhostUserHeaderFlag, VhostUserProtocolFeatures,
@@ -421,12 +421,7 @@ impl TestFrontend {
         request_id: u32,
         op: ControlOp,
     ) -> Vec<(ControlStatus, u32)> {
-        let req = Frame {
-            dst: MacAddr::ENGINE,
-            src: me,
-            body: FrameBody::ControlRequest(ControlRequest { request_id, op }),
-        };
-        self.send(&req.encode().unwrap());
+        self.send(&crate::frames::control_request(me, request_id, op));
         let mut answers = Vec::new();
         let deadline = Instant::now() + 2 * TIMEOUT;
         while Instant::now() < deadline {
