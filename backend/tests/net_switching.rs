@@ -4,10 +4,10 @@
 use std::time::{Duration, Instant};
 
 use svnic_backend::net::PortStats;
-use svnic_channels::frame::{ControlResponse, ControlStatus, Frame, FrameBody, ETHERTYPE};
+use svnic_channels::frame::{ControlResponse, ControlStatus, FrameBody, ETHERTYPE};
 use svnic_channels::{ChannelId, MacAddr};
 use svnic_control_plane::GuestId;
-use svnic_tests::frames::{eth, payload};
+use svnic_tests::frames::{eth, payload, svnic_frame};
 use svnic_tests::switch_fixture::{mac, Event, Net};
 use svnic_tests::vhost_frontend::{TestFrontend, HDR_LEN, RX_BUFFERS, TIMEOUT};
 
@@ -199,13 +199,7 @@ fn wait_for_stats(net: &Net, id: u32, what: &str, pred: impl Fn(&PortStats) -> b
 
 /// An engine frame (from `MacAddr::ENGINE`) for the guest of port `to`.
 fn engine_frame(to: u8, body: FrameBody<'static>) -> Vec<u8> {
-    Frame {
-        dst: mac(to),
-        src: MacAddr::ENGINE,
-        body,
-    }
-    .encode()
-    .unwrap()
+    svnic_frame(MacAddr::ENGINE, mac(to), body)
 }
 
 #[test]

@@ -26,16 +26,18 @@ pub fn payload(seed: u8, len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// The encoded frame of control request `request_id` from `src` to the engine.
-pub fn control_request(src: MacAddr, request_id: u32, op: ControlOp) -> Vec<u8> {
-    let frame = Frame {
-        dst: MacAddr::ENGINE,
-        src,
-        body: FrameBody::ControlRequest(ControlRequest { request_id, op }),
-    };
+/// The encoded svnic frame `body` from `src` to `dst`.
+pub fn svnic_frame(src: MacAddr, dst: MacAddr, body: FrameBody<'_>) -> Vec<u8> {
+    let frame = Frame { dst, src, body };
     frame
         .encode()
         .unwrap_or_else(|e| panic!("encoding {frame:?}: {e:?}"))
+}
+
+/// The encoded frame of control request `request_id` from `src` to the engine.
+pub fn control_request(src: MacAddr, request_id: u32, op: ControlOp) -> Vec<u8> {
+    let body = FrameBody::ControlRequest(ControlRequest { request_id, op });
+    svnic_frame(src, MacAddr::ENGINE, body)
 }
 
 /// A create-channel operation.

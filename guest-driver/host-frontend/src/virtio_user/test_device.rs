@@ -45,7 +45,8 @@ pub struct TestDevice {
     pub calls: [u64; 2],
 }
 
-fn queue(l: RingLayout, event_idx: bool) -> Queue {
+/// virtio-queue's device side over the rings at `l`.
+pub(crate) fn queue(l: RingLayout, event_idx: bool) -> Queue {
     let mut q = Queue::new(l.size).unwrap();
     q.set_size(l.size);
     q.set_desc_table_address(Some(l.desc as u32), Some((l.desc >> 32) as u32));
