@@ -35,10 +35,7 @@ const LINK_DOWN: Event = Event::Link(GuestId(1), false);
 
 #[test]
 fn a_frontend_that_reconnects_to_the_same_socket_works_again() {
-    let mut net = Net::new();
-    let (sa, sb) = (net.add_port(1), net.add_port(2));
-    let mut a = TestFrontend::start(&sa);
-    let mut b = TestFrontend::start(&sb);
+    let (net, mut a, mut b) = Net::with_two_frontends();
     exchange(&mut a, &mut b, 1);
 
     drop(a);
@@ -56,7 +53,7 @@ fn a_frontend_that_reconnects_to_the_same_socket_works_again() {
         1
     );
 
-    let mut a = TestFrontend::start(&sa);
+    let mut a = TestFrontend::start(&net.socket(1));
     net.events.wait_count(&LINK_UP, 2);
     assert_eq!(
         net.events.of(GuestId(1)),
@@ -75,17 +72,14 @@ fn a_frontend_that_reconnects_to_the_same_socket_works_again() {
 
     // And once more, to be sure the listener keeps its socket across connections.
     drop(a);
-    let mut a = TestFrontend::start(&sa);
+    let mut a = TestFrontend::start(&net.socket(1));
     net.events.wait_count(&LINK_UP, 3);
     exchange(&mut a, &mut b, 5);
 }
 
 #[test]
 fn stopping_the_rings_takes_memory_and_link_down_and_a_restart_brings_them_back() {
-    let mut net = Net::new();
-    let (sa, sb) = (net.add_port(1), net.add_port(2));
-    let mut a = TestFrontend::start(&sa);
-    let mut b = TestFrontend::start(&sb);
+    let (net, mut a, mut b) = Net::with_two_frontends();
     exchange(&mut a, &mut b, 1);
 
     // The guest driver resets: QEMU disables and stops both rings (GET_VRING_BASE).
@@ -115,10 +109,7 @@ fn stopping_the_rings_takes_memory_and_link_down_and_a_restart_brings_them_back(
 
 #[test]
 fn the_device_goes_down_only_when_every_ring_is_stopped() {
-    let mut net = Net::new();
-    let (sa, sb) = (net.add_port(1), net.add_port(2));
-    let mut a = TestFrontend::start(&sa);
-    let mut b = TestFrontend::start(&sb);
+    let (net, mut a, mut b) = Net::with_two_frontends();
     exchange(&mut a, &mut b, 1);
 
     a.stop_ring(RX).unwrap();

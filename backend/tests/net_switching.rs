@@ -15,11 +15,7 @@ const QUIET: Duration = Duration::from_millis(200);
 
 #[test]
 fn two_ports_exchange_unicast_both_ways_intact() {
-    let mut net = Net::new();
-    let (sa, sb) = (net.add_port(1), net.add_port(2));
-    let mut a = TestFrontend::start(&sa);
-    let mut b = TestFrontend::start(&sb);
-    net.events.wait_count(&Event::Link(GuestId(2), true), 1);
+    let (net, mut a, mut b) = Net::with_two_frontends();
 
     let ab = eth(mac(2), mac(1), 0x0800, &payload(1, 1000));
     let ba = eth(mac(1), mac(2), 0x0800, &payload(2, 60));
@@ -91,11 +87,7 @@ fn broadcast_reaches_every_other_port() {
 
 #[test]
 fn spoofed_source_mac_is_dropped_and_counted() {
-    let mut net = Net::new();
-    let (sa, sb) = (net.add_port(1), net.add_port(2));
-    let mut a = TestFrontend::start(&sa);
-    let mut b = TestFrontend::start(&sb);
-    net.events.wait_count(&Event::Link(GuestId(2), true), 1);
+    let (net, mut a, mut b) = Net::with_two_frontends();
 
     a.send(&eth(mac(2), mac(2), 0x0800, b"pretending to be port 2"));
     a.send(&eth(MacAddr::BROADCAST, mac(9), 0x0800, b"nobody's MAC"));
@@ -107,11 +99,7 @@ fn spoofed_source_mac_is_dropped_and_counted() {
 
 #[test]
 fn svnic_frames_reach_the_engine_with_the_right_port_and_are_not_switched() {
-    let mut net = Net::new();
-    let (sa, sb) = (net.add_port(1), net.add_port(2));
-    let mut a = TestFrontend::start(&sa);
-    let mut b = TestFrontend::start(&sb);
-    net.events.wait_count(&Event::Link(GuestId(2), true), 1);
+    let (net, mut a, mut b) = Net::with_two_frontends();
 
     // To the engine; to the other guest; broadcast behind a VLAN tag with a forged source:
     // all consumed by the engine, attributed to the sending port.
@@ -204,12 +192,7 @@ fn engine_frame(to: u8, body: FrameBody<'static>) -> Vec<u8> {
 
 #[test]
 fn another_guests_broadcast_flood_cannot_drop_or_delay_engine_frames() {
-    let mut net = Net::new();
-    let (sa, sb) = (net.add_port(1), net.add_port(2));
-    let mut a = TestFrontend::start(&sa);
-    let mut b = TestFrontend::start(&sb);
-    net.events.wait_count(&Event::Link(GuestId(1), true), 1);
-    net.events.wait_count(&Event::Link(GuestId(2), true), 1);
+    let (net, mut a, mut b) = Net::with_two_frontends();
 
     // B floods: A's receive buffers fill, then A's RX queue, then the rest is dropped.
     let capacity = net.switch.config().rx_queue_frames;
@@ -272,11 +255,7 @@ fn another_guests_broadcast_flood_cannot_drop_or_delay_engine_frames() {
 
 #[test]
 fn bad_tx_chains_are_counted_and_returned_not_fatal() {
-    let mut net = Net::new();
-    let (sa, sb) = (net.add_port(1), net.add_port(2));
-    let mut a = TestFrontend::start(&sa);
-    let mut b = TestFrontend::start(&sb);
-    net.events.wait_count(&Event::Link(GuestId(2), true), 1);
+    let (net, mut a, mut b) = Net::with_two_frontends();
 
     // Shorter than the virtio-net header; outside guest memory; device-writable.
     let base = 0x40_0000u64;

@@ -14,7 +14,7 @@ use svnic_control_plane::GuestId;
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::tempdir::TempDir;
 
-use crate::vhost_frontend::TIMEOUT;
+use crate::vhost_frontend::{TestFrontend, TIMEOUT};
 
 /// The MAC address of port `last`.
 pub fn mac(last: u8) -> MacAddr {
@@ -123,10 +123,28 @@ impl Net {
     pub fn add_port(&mut self, id: u8) -> PathBuf {
         let port = GuestId(id.into());
         self.switch.add_port(port, &[mac(id)]).unwrap();
-        let path = self.dir.as_path().join(format!("port{id}.sock"));
+        let path = self.socket(id);
         self.threads
             .push(serve_port(self.switch.clone(), port, &path, &self.stop).unwrap());
         path
+    }
+
+    /// Ports 1 and 2 with a [`TestFrontend`] each, started as QEMU does; returns once both
+    /// links are up.
+    pub fn with_two_frontends() -> (Net, TestFrontend, TestFrontend) {
+        let mut net = Net::new();
+        let (sa, sb) = (net.add_port(1), net.add_port(2));
+        let a = TestFrontend::start(&sa);
+        let b = TestFrontend::start(&sb);
+        for port in [1, 2] {
+            net.events.wait_count(&Event::Link(GuestId(port), true), 1);
+        }
+        (net, a, b)
+    }
+
+    /// The socket of port `id` (see [`Net::add_port`]).
+    pub fn socket(&self, id: u8) -> PathBuf {
+        self.dir.as_path().join(format!("port{id}.sock"))
     }
 
     /// Raises the stop signal and waits for every listener.
