@@ -5,6 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use svnic_backend::control_path::{ControlPath, FrameOut};
+use svnic_backend::Engine;
 use svnic_channels::frame::{ControlOp, ControlStatus, Frame, FrameBody};
 use svnic_channels::{ChannelId, FailureReason, MacAddr};
 use svnic_control_plane::GuestId;
@@ -45,11 +46,17 @@ impl Recorder {
     }
 }
 
-#[test]
-fn create_answers_pending_then_success_from_the_engine_mac() {
+/// An engine of one worker and a control path in front of it that records what it answers.
+fn control_path() -> (Engine, Arc<Recorder>, Arc<ControlPath>) {
     let engine = engine(1);
     let out = Arc::new(Recorder::default());
     let cp = ControlPath::new(engine.clone(), out.clone());
+    (engine, out, cp)
+}
+
+#[test]
+fn create_answers_pending_then_success_from_the_engine_mac() {
+    let (engine, out, cp) = control_path();
     let g = FakeGuest::new(&engine, 1, 8);
     cp.handle(g.id, &request(g.mac, 7, create(g.mac, 3, 256, 0, 2 << 20)));
     let frames = out.take();
@@ -80,9 +87,7 @@ fn create_answers_pending_then_success_from_the_engine_mac() {
 
 #[test]
 fn each_refusal_is_a_failure_with_its_reason() {
-    let engine = engine(1);
-    let out = Arc::new(Recorder::default());
-    let cp = ControlPath::new(engine.clone(), out.clone());
+    let (engine, out, cp) = control_path();
     let g = FakeGuest::with_policy(&engine, 1, 8, |p| p.max_channels = 1);
     let mb = 1u64 << 20;
     cp.handle(g.id, &request(g.mac, 1, create(g.mac, 1, 100, 0, mb)));
@@ -121,9 +126,7 @@ fn each_refusal_is_a_failure_with_its_reason() {
 
 #[test]
 fn a_malformed_request_is_answered_bad_request_and_garbage_is_dropped() {
-    let engine = engine(1);
-    let out = Arc::new(Recorder::default());
-    let cp = ControlPath::new(engine.clone(), out.clone());
+    let (engine, out, cp) = control_path();
     let g = FakeGuest::new(&engine, 1, 8);
     let mut bytes = request(g.mac, 9, create(g.mac, 1, 64, 0, 1 << 20));
     bytes[18 + 5] = 0x7f; // an unknown op
@@ -146,9 +149,7 @@ fn a_malformed_request_is_answered_bad_request_and_garbage_is_dropped() {
 
 #[test]
 fn a_guest_cannot_speak_for_another_guest() {
-    let engine = engine(1);
-    let out = Arc::new(Recorder::default());
-    let cp = ControlPath::new(engine.clone(), out.clone());
+    let (engine, out, cp) = control_path();
     let ga = FakeGuest::new(&engine, 1, 8);
     let gb = FakeGuest::new(&engine, 2, 8);
     // A spoofs B's MAC as source: dropped, nothing created, nothing answered.
@@ -199,9 +200,7 @@ fn a_guest_cannot_speak_for_another_guest() {
 
 #[test]
 fn the_waker_sends_wake_frames_to_the_guest() {
-    let engine = engine(1);
-    let out = Arc::new(Recorder::default());
-    let cp = ControlPath::new(engine.clone(), out.clone());
+    let (engine, out, cp) = control_path();
     let g = FakeGuest::new(&engine, 1, 8);
     cp.waker(g.id, g.mac).wake(ChannelId(5));
     let frames = out.take();
@@ -230,9 +229,7 @@ fn capture_logs() {
 #[test]
 fn a_create_fail_loop_is_rate_limited_counted_and_kept_out_of_the_info_log() {
     capture_logs();
-    let engine = engine(1);
-    let out = Arc::new(Recorder::default());
-    let cp = ControlPath::new(engine.clone(), out.clone());
+    let (engine, out, cp) = control_path();
     let g = FakeGuest::with_policy(&engine, 1, 8, |p| {
         p.create_burst = 4;
         p.creates_per_sec = 1;

@@ -25,6 +25,15 @@ fn exchange(a: &mut TestFrontend, b: &mut TestFrontend, seed: u8) {
     assert_eq!(a.recv(TIMEOUT), Some(ba));
 }
 
+/// A good frontend on `sock` (port `port`) sends a frame that one on `to` (port 2) receives.
+fn assert_port_works(sock: &Path, to: &Path, port: u8, seed: u8) {
+    let mut a = TestFrontend::start(sock);
+    let mut b = TestFrontend::start(to);
+    let f = eth(mac(2), mac(port), 0x0800, &payload(seed, 100));
+    a.send(&f);
+    assert_eq!(b.recv(TIMEOUT), Some(f));
+}
+
 fn some_memory() -> Event {
     Event::Memory(GuestId(1), Some(MEM_SIZE))
 }
@@ -169,11 +178,7 @@ fn garbage_bytes_end_that_connection_and_the_listener_keeps_serving() {
     assert!(line.starts_with("WARN"), "{line}");
 
     // The same socket serves a well-behaved frontend next.
-    let mut a = TestFrontend::start(&sa);
-    let mut b = TestFrontend::start(&sb);
-    let f = eth(mac(2), mac(11), 0x0800, &payload(1, 100));
-    a.send(&f);
-    assert_eq!(b.recv(TIMEOUT), Some(f));
+    assert_port_works(&sa, &sb, 11, 1);
 }
 
 #[test]
@@ -216,11 +221,7 @@ fn a_memory_table_larger_than_its_file_ends_the_connection() {
     );
     drop(evil);
 
-    let mut a = TestFrontend::start(&sa);
-    let mut b = TestFrontend::start(&sb);
-    let f = eth(mac(2), mac(13), 0x0800, &payload(2, 100));
-    a.send(&f);
-    assert_eq!(b.recv(TIMEOUT), Some(f));
+    assert_port_works(&sa, &sb, 13, 2);
 }
 
 #[test]
@@ -256,11 +257,7 @@ fn a_memory_table_that_cannot_be_mapped_ends_the_connection() {
     assert!(line.starts_with("WARN"), "{line}");
     drop(evil);
 
-    let mut a = TestFrontend::start(&s);
-    let mut b = TestFrontend::start(&sb);
-    let f = eth(mac(2), mac(15), 0x0800, &payload(3, 100));
-    a.send(&f);
-    assert_eq!(b.recv(TIMEOUT), Some(f));
+    assert_port_works(&s, &sb, 15, 3);
 }
 
 #[test]

@@ -164,6 +164,11 @@ impl Drop for Vm {
     }
 }
 
+/// `out`'s stderr says `what`.
+fn assert_stderr_has(out: &tool::Finished, what: &str) {
+    assert!(out.stderr.contains(what), "{}", out.stderr);
+}
+
 fn wait_until(what: &str, f: impl FnMut() -> bool) {
     eprintln!("waiting until {what}");
     svnic_tests::wait::wait_until(LONG, f);
@@ -434,22 +439,14 @@ fn an_unprivileged_process_is_held_to_its_uids_quota_and_endpoints() {
     );
     // The reservation is checked first: another uid's endpoint is refused as such.
     let reserved = echo_as_nobody("150").finish(LONG);
-    assert!(
-        reserved.stderr.contains("reserved for uid 1000"),
-        "{}",
-        reserved.stderr
-    );
+    assert_stderr_has(&reserved, "reserved for uid 1000");
 
     // Killed: the quota comes back once the engine acknowledged the destroy, not before.
     vm.paused.store(true, Ordering::Relaxed);
     holder.kill();
     wait_until("the holder is gone", || vm.handle.status().apps == 0);
     let blocked = echo_as_nobody("2").finish(LONG);
-    assert!(
-        blocked.stderr.contains("--max-channels-per-uid"),
-        "{}",
-        blocked.stderr
-    );
+    assert_stderr_has(&blocked, "--max-channels-per-uid");
     vm.paused.store(false, Ordering::Relaxed);
     wait_until("the quota is released", || {
         !vm.handle.status().users.contains_key(&NOBODY)
