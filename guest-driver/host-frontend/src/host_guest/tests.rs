@@ -16,7 +16,9 @@ use svnic_channels::layout::{header, DEFAULT_REGION_LEN};
 use svnic_channels::{ChannelId, ChannelLayout, FailureReason, MacAddr, SharedRegion};
 
 use super::*;
-use crate::virtio_user::test_device::{pair, TestDevice, BASE, EVENT_IDX, MAC, MRG_RXBUF};
+use crate::virtio_user::virtio_net::test_device::{
+    pair, TestDevice, BASE, EVENT_IDX, MAC, MRG_RXBUF,
+};
 use svnic_client::channel::Waiter;
 
 const SECOND: Duration = Duration::from_secs(1);

@@ -528,4 +528,4 @@ impl SplitRing {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

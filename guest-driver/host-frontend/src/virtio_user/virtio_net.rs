@@ -457,4 +457,6 @@ impl VirtioNet {
 }
 
 #[cfg(test)]
+pub(crate) mod test_device;
+#[cfg(test)]
 mod tests;

@@ -27,9 +27,16 @@ fn buffer(id: u16) -> u64 {
     BUFFERS + u64::from(id) * BUF
 }
 
-/// virtio-queue's device side over the same rings.
-fn device(l: RingLayout, event_idx: bool) -> Queue {
-    crate::virtio_user::test_device::queue(l, event_idx)
+/// virtio-queue's device side over the same rings (also the device of `virtio_net`'s tests).
+pub(crate) fn device(l: RingLayout, event_idx: bool) -> Queue {
+    let mut q = Queue::new(l.size).unwrap();
+    q.set_size(l.size);
+    q.set_desc_table_address(Some(l.desc as u32), Some((l.desc >> 32) as u32));
+    q.set_avail_ring_address(Some(l.avail as u32), Some((l.avail >> 32) as u32));
+    q.set_used_ring_address(Some(l.used as u32), Some((l.used >> 32) as u32));
+    q.set_event_idx(event_idx);
+    q.set_ready(true);
+    q
 }
 
 fn setup(event_idx: bool) -> (Arc<GuestMemoryMmap>, SplitRing, Queue) {
