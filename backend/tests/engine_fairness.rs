@@ -300,15 +300,10 @@ fn a_destination_destroyed_mid_message_fails_it_and_is_not_written_after() {
     let region = gd.alloc(LARGE_REGION);
     for attempt in 0..10u64 {
         // A fresh destination each attempt, over the same (zeroed) memory.
-        gd.mem
-            .write_slice(&vec![0u8; LARGE_REGION as usize], GuestAddress(region))
-            .unwrap();
-        let req = gd.request(1, 256, region, LARGE_REGION);
-        let info = engine.create_channel(gd.id, &req).unwrap();
-        let mut d = gd.attach(region, LARGE_REGION, 1);
+        let (id, mut d) = gd.recreate_at(1, 256, region, LARGE_REGION);
         let buffer = region + post_at_start(&mut d, 9, LARGE);
         send_large_and_wait_for_first_piece(&mut a, &gd, 1, buffer, attempt);
-        engine.destroy_channel(None, info.id).unwrap();
+        engine.destroy_channel(None, id).unwrap();
         let mut after_destroy = vec![0u8; LARGE_REGION as usize];
         gd.mem
             .read_slice(&mut after_destroy, GuestAddress(region))
@@ -357,19 +352,14 @@ fn a_sender_destroyed_mid_message_gives_the_posted_buffer_back() {
     let data = pattern(11, LARGE);
     for attempt in 0..10u64 {
         // A fresh sender each attempt, over the same memory.
-        ga.mem
-            .write_slice(&vec![0u8; LARGE_REGION as usize], GuestAddress(a_region))
-            .unwrap();
-        let req = ga.request(1, 256, a_region, LARGE_REGION);
-        let info = engine.create_channel(ga.id, &req).unwrap();
-        let mut a = ga.attach(a_region, LARGE_REGION, 1);
+        let (id, mut a) = ga.recreate_at(1, 256, a_region, LARGE_REGION);
         a.write_data(a.layout().data_offset, &data).unwrap();
         gd.mem
             .write_slice(&vec![0u8; LARGE as usize], GuestAddress(d_region + buffer))
             .unwrap();
         post_at_start(&mut d, 40 + attempt, LARGE);
         send_large_and_wait_for_first_piece(&mut a, &gd, 1, d_region + buffer, attempt);
-        engine.destroy_channel(None, info.id).unwrap();
+        engine.destroy_channel(None, id).unwrap();
         // The worker has let go of the sender: a message not delivered by now never will be.
         let early = poll_now(&mut d, 1);
         if !early.is_empty() {

@@ -8,7 +8,9 @@ use std::time::Duration;
 use svnic_backend::config::EngineOverrides;
 use svnic_backend::net::sigbus_guard;
 use svnic_channels::{MacAddr, Message};
+use svnic_client::Channel;
 use svnic_control_plane::GuestId;
+use svnic_host_frontend::HostGuest;
 use svnic_tests::daemon_fixture::{recv_messages as recv, DaemonFixture};
 use svnic_tests::frames::{eth, mac_in, payload};
 use svnic_tests::logs;
@@ -47,6 +49,23 @@ fn try_start_rings_blind(f: &mut TestFrontend) -> vhost::Result<()> {
     Ok(())
 }
 
+/// `data` sent from `from` reaches `to` (a channel of guest `g`) as one user-data message.
+fn user_data_arrives(
+    from: &mut Channel,
+    to: &mut Channel,
+    g: &HostGuest,
+    cookie: u64,
+    data: &[u8],
+) {
+    from.send_user(to.addr(), cookie, data, false).unwrap();
+    from.flush().unwrap();
+    let got = recv(to, g, 1, T);
+    assert!(
+        matches!(&got[..], [Message::UserData(u)] if u.data() == data),
+        "{got:?}"
+    );
+}
+
 #[test]
 fn a_frontend_that_truncates_its_memory_is_closed_and_the_daemon_serves_on() {
     logs::capture(log::LevelFilter::Info);
@@ -75,20 +94,8 @@ fn a_frontend_that_truncates_its_memory_is_closed_and_the_daemon_serves_on() {
     assert!(info.contains("guarded against SIGBUS only"), "{info}");
 
     // Guests 2 and 3 still complete a round trip.
-    b.send_user(c.addr(), 1, b"ping", false).unwrap();
-    b.flush().unwrap();
-    let got = recv(&mut c, &g3, 1, T);
-    assert!(
-        matches!(&got[..], [Message::UserData(u)] if u.data() == b"ping"),
-        "{got:?}"
-    );
-    c.send_user(b.addr(), 2, b"pong", false).unwrap();
-    c.flush().unwrap();
-    let got = recv(&mut b, &g2, 1, T);
-    assert!(
-        matches!(&got[..], [Message::UserData(u)] if u.data() == b"pong"),
-        "{got:?}"
-    );
+    user_data_arrives(&mut b, &mut c, &g3, 1, b"ping");
+    user_data_arrives(&mut c, &mut b, &g2, 2, b"pong");
 
     // Guest 1's socket serves a well-behaved frontend again.
     drop(a);

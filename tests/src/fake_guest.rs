@@ -17,7 +17,7 @@ use svnic_channels::{
 };
 use svnic_client::{Channel, Doorbell, Waiter};
 use svnic_control_plane::{CreateRequest, GuestId, GuestPolicy};
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 /// Doorbell that calls the engine directly (what the backend does on a doorbell frame).
@@ -207,6 +207,22 @@ impl FakeGuest {
         let info = self.engine.create_channel(self.id, &req)?;
         assert_eq!(info.addr, self.addr(endpoint));
         Ok((self.attach_with(addr, len, endpoint, doorbell), addr))
+    }
+
+    /// Creates a channel (`ring_size` slots) at `endpoint` in the region at `addr` again, over
+    /// memory zeroed first (what a fresh region looks like); its id and the client side.
+    pub fn recreate_at(
+        &self,
+        endpoint: u32,
+        ring_size: u32,
+        addr: u64,
+        len: u64,
+    ) -> (ChannelId, Channel) {
+        let zeros = vec![0u8; usize::try_from(len).unwrap()];
+        self.mem.write_slice(&zeros, GuestAddress(addr)).unwrap();
+        let req = self.request(endpoint, ring_size, addr, len);
+        let info = self.engine.create_channel(self.id, &req).unwrap();
+        (info.id, self.attach(addr, len, endpoint))
     }
 
     /// A channel at `endpoint` with 256 slots in a default-size region.
