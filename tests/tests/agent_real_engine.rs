@@ -143,6 +143,23 @@ impl Vm {
         self.tool(tool, &all)
     }
 
+    /// Starts `tool --path <path> --endpoint <endpoint> [--peer <peer>] --count <count> --json`.
+    fn run_on(
+        &self,
+        tool: &str,
+        path: &str,
+        endpoint: &str,
+        peer: Option<&str>,
+        count: &str,
+    ) -> Tool {
+        let mut args = vec!["--path", path, "--endpoint", endpoint];
+        if let Some(peer) = peer {
+            args.extend(["--peer", peer]);
+        }
+        args.extend(["--count", count, "--json"]);
+        self.run(tool, &args)
+    }
+
     fn tool(&self, name: &str, args: &[&str]) -> Tool {
         // SAFETY: geteuid has no preconditions.
         let root = unsafe { libc::geteuid() } == 0;
@@ -180,38 +197,14 @@ fn ping_and_perf_through_the_agent_and_the_real_engine() {
     let free = vm.memory.free_bytes();
     let peer = format!("{MAC}/1");
     for path in ["user", "dma", "user"] {
-        let echo = vm.run(
-            "echo",
-            &[
-                "--path",
-                path,
-                "--endpoint",
-                "1",
-                "--count",
-                "200",
-                "--json",
-            ],
-        );
+        let echo = vm.run_on("echo", path, "1", None, "200");
         let ready = echo.wait_ready(LONG);
         assert!(
             ready.contains(&format!("ready at {MAC}/1 (vm, path {path})")),
             "{ready}"
         );
         let p = vm
-            .run(
-                "ping",
-                &[
-                    "--path",
-                    path,
-                    "--endpoint",
-                    "2",
-                    "--peer",
-                    &peer,
-                    "--count",
-                    "200",
-                    "--json",
-                ],
-            )
+            .run_on("ping", path, "2", Some(&peer), "200")
             .finish(LONG)
             .json();
         assert_eq!(
@@ -227,26 +220,10 @@ fn ping_and_perf_through_the_agent_and_the_real_engine() {
     }
     for (path, count) in [("user", 20_000u64), ("dma", 2_000)] {
         let n = count.to_string();
-        let sink = vm.run(
-            "sink",
-            &["--path", path, "--endpoint", "1", "--count", &n, "--json"],
-        );
+        let sink = vm.run_on("sink", path, "1", None, &n);
         sink.wait_ready(LONG);
         let p = vm
-            .run(
-                "perf",
-                &[
-                    "--path",
-                    path,
-                    "--endpoint",
-                    "2",
-                    "--peer",
-                    &peer,
-                    "--count",
-                    &n,
-                    "--json",
-                ],
-            )
+            .run_on("perf", path, "2", Some(&peer), &n)
             .finish(LONG)
             .json();
         assert_eq!(p["messages"], count);
