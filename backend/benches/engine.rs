@@ -48,20 +48,17 @@
 //! results into ratios against the project's targets.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::hint::black_box;
 use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use support::FakeGuest;
-use svnic_backend::{Engine, EngineConfig, Placement};
+use svnic_backend::{allowed_cpus, pin_to_cpu, Engine, EngineConfig, Placement};
 use svnic_channels::layout::{header, DEFAULT_REGION_LEN};
 use svnic_channels::{ChannelAddr, DataRef, Message};
 use svnic_client::Channel;
+use svnic_tests::fake_guest::FakeGuest;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileMemory};
 
 /// Inline payload: the whole 40 bytes a 64-byte message carries.
@@ -105,25 +102,9 @@ fn new_engine(config: EngineConfig) -> Engine {
 }
 
 /// The CPUs this process may use, as it started (before the bench thread pinned itself).
-fn cpus() -> &'static [usize] {
-    static CPUS: OnceLock<Vec<usize>> = OnceLock::new();
-    CPUS.get_or_init(|| {
-        // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
-        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        // SAFETY: pid 0 is the calling thread; `set` is valid for its size.
-        let r =
-            unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-        assert_eq!(
-            r,
-            0,
-            "sched_getaffinity: {}",
-            std::io::Error::last_os_error()
-        );
-        // SAFETY: CPU_ISSET reads inside `set` for every index below CPU_SETSIZE.
-        (0..libc::CPU_SETSIZE as usize)
-            .filter(|c| unsafe { libc::CPU_ISSET(*c, &set) })
-            .collect()
-    })
+fn cpus() -> &'static [u32] {
+    static CPUS: OnceLock<Vec<u32>> = OnceLock::new();
+    CPUS.get_or_init(allowed_cpus)
 }
 
 /// Pins the bench thread (both fake guests) to the last CPU, away from worker 0 on CPU 0. With
@@ -131,17 +112,17 @@ fn cpus() -> &'static [usize] {
 /// workers than the CPUs left, they share (the 2-worker bench says so).
 fn pin_bench_thread() {
     if let Some(last) = cpus().last() {
-        set_affinity(&[*last]);
+        pin_to_cpu(*last);
     }
 }
 
-/// Restricts the bench thread to `allowed` CPUs.
-fn set_affinity(allowed: &[usize]) {
+/// Lets the bench thread run on any of `allowed` CPUs again (`pin_to_cpu` narrows it to one).
+fn set_affinity(allowed: &[u32]) {
     // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     for cpu in allowed {
         // SAFETY: CPU_SET writes inside `set`; the CPU index is reduced below CPU_SETSIZE.
-        unsafe { libc::CPU_SET(cpu % libc::CPU_SETSIZE as usize, &mut set) };
+        unsafe { libc::CPU_SET(*cpu as usize % libc::CPU_SETSIZE as usize, &mut set) };
     }
     // SAFETY: pid 0 is the calling thread; `set` is valid for its size.
     let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
@@ -354,14 +335,18 @@ fn forward_same_core(p: &mut Pair, n: u64, out: &mut Vec<Message>) -> Duration {
     window.mul_f64(n as f64 / done as f64)
 }
 
+/// The receiver's RX head (what the worker has published so far).
+fn rx_head(p: &Pair) -> u32 {
+    p.rx.region()
+        .slice()
+        .load::<u32>(header::RX_HEAD, Ordering::Acquire)
+        .unwrap()
+}
+
 /// Queues `burst` messages on the sender's TX ring without publishing them; returns the RX head
 /// of the receiver before they are sent.
 fn queue_burst(p: &mut Pair, burst: u64) -> u32 {
-    let base =
-        p.rx.region()
-            .slice()
-            .load::<u32>(header::RX_HEAD, Ordering::Acquire)
-            .unwrap();
+    let base = rx_head(p);
     for i in 0..burst {
         assert!(p.tx.send_user(p.dest, i, &PAYLOAD, false).unwrap());
     }
@@ -386,12 +371,7 @@ fn flush_until_published(p: &mut Pair, base: u32, n: u64) -> Duration {
 }
 
 fn rx_published(p: &Pair, base: u32) -> u64 {
-    let head =
-        p.rx.region()
-            .slice()
-            .load::<u32>(header::RX_HEAD, Ordering::Acquire)
-            .unwrap();
-    u64::from(head.wrapping_sub(base))
+    u64::from(rx_head(p).wrapping_sub(base))
 }
 
 fn drain(p: &mut Pair, n: u64, out: &mut Vec<Message>) {
@@ -432,7 +412,7 @@ fn forwarding(c: &mut Criterion) {
             b.iter_custom(|n| forward_burst(&mut p, n, &mut out))
         });
         // Worker 0 runs on CPU 0.
-        set_affinity(&[0]);
+        pin_to_cpu(0);
         // Real-time priority, so that the bench thread preempts the spinning worker as soon as
         // its sleep ends (otherwise it waits for the end of the worker's time slice, and the
         // worker empties the ring before the window closes). It runs only briefly: the RT
@@ -656,11 +636,7 @@ fn queue_dma_burst(p: &mut Pair, base: u64, size: u32, already: u64, k: u64, dat
         assert!(p.rx.post_buffer(i, buf).unwrap());
     }
     p.rx.flush().unwrap();
-    let rx_base =
-        p.rx.region()
-            .slice()
-            .load::<u32>(header::RX_HEAD, Ordering::Acquire)
-            .unwrap();
+    let rx_base = rx_head(p);
     for i in 0..k {
         assert!(p.tx.send_dma(p.dest, i, data).unwrap());
     }

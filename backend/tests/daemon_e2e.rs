@@ -3,102 +3,42 @@
 //! `Daemon::start` exactly as `svnic serve` runs it.
 #![allow(clippy::unwrap_used)]
 
-mod net_support;
-
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use net_support::TestFrontend;
 use svnic_backend::admin::{AdminRequest, AdminResponse, AdminSource};
-use svnic_backend::config::{DaemonConfig, EngineOverrides};
-use svnic_backend::daemon::{AdminSocket, Daemon};
-use svnic_channels::frame::{
-    ControlOp, ControlRequest, ControlStatus, CreateRequest, Frame, FrameBody,
-};
+use svnic_backend::config::EngineOverrides;
+use svnic_channels::frame::ControlStatus;
 use svnic_channels::{ChannelAddr, CompletionStatus, DataRef, FailureReason, MacAddr, Message};
 use svnic_host_frontend::HostGuest;
+use svnic_tests::daemon_fixture::{recv_messages, DaemonFixture};
+use svnic_tests::frames::{create_op as create, eth, mac_in};
+use svnic_tests::logs;
+use svnic_tests::vhost_frontend::TestFrontend;
+use svnic_tests::wait::wait_until;
 use vhost::VhostBackend;
 use vhost::VhostUserMemoryRegionInfo;
 
 const T: Duration = Duration::from_secs(10);
 
 fn mac(n: u8) -> MacAddr {
-    MacAddr([0x52, 0x54, 0x00, 0xe2, 0xe0, n])
+    mac_in(0xe2, n)
 }
 
-struct Setup {
-    daemon: Option<Daemon>,
-    dir: PathBuf,
-}
-
-impl Setup {
-    /// A daemon with guests 1..=n; guest 1 may have at most 2 channels.
-    fn new(n: u8, backpressure_ms: u64) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "svnic-e2e-{}-{}",
-            std::process::id(),
-            rand_suffix()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let specs: Vec<String> = (1..=n)
-            .map(|i| {
-                let quota = if i == 1 { ",channels=2" } else { "" };
-                format!(
-                    "name=g{i},socket={},mac={}{quota}",
-                    dir.join(format!("g{i}.sock")).display(),
-                    mac(i)
-                )
-            })
-            .collect();
-        let overrides = EngineOverrides {
-            workers: Some(1),
-            backpressure_wait_ms: Some(backpressure_ms),
-            ..Default::default()
-        };
-        let cfg =
-            DaemonConfig::load(None, &specs, &overrides, Some(dir.join("admin.sock"))).unwrap();
-        Setup {
-            daemon: Some(Daemon::start(&cfg, AdminSocket::Off).unwrap()),
-            dir,
-        }
-    }
-    fn sock(&self, i: u8) -> PathBuf {
-        self.dir.join(format!("g{i}.sock"))
-    }
-    fn daemon(&self) -> &Daemon {
-        self.daemon.as_ref().unwrap()
-    }
-    fn guest(&self, i: u8) -> HostGuest {
-        HostGuest::connect(self.sock(i), 64 << 20).unwrap()
-    }
-}
-
-impl Drop for Setup {
-    fn drop(&mut self) {
-        if let Some(d) = self.daemon.take() {
-            d.shutdown();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn rand_suffix() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(0);
-    h.finish() & 0xffff_ffff
+/// A daemon with guests 1..=n; guest 1 may have at most 2 channels.
+fn daemon(n: u8, backpressure_ms: u64) -> DaemonFixture {
+    let guests: Vec<_> = (1..=n)
+        .map(|i| (mac(i), if i == 1 { ",channels=2" } else { "" }))
+        .collect();
+    let overrides = EngineOverrides {
+        backpressure_wait_ms: Some(backpressure_ms),
+        ..Default::default()
+    };
+    DaemonFixture::start("e2e", &guests, overrides)
 }
 
 fn recv(ch: &mut svnic_client::Channel, g: &HostGuest, n: usize) -> Vec<Message> {
-    let w = g.waiter(ch);
-    let mut out = Vec::new();
-    let deadline = Instant::now() + T;
-    while out.len() < n && Instant::now() < deadline {
-        let want = n - out.len();
-        ch.wait_poll(&mut out, want, Duration::from_millis(200), &w)
-            .unwrap();
-    }
-    out
+    recv_messages(ch, g, n, T)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -106,77 +46,6 @@ fn recv(ch: &mut svnic_client::Channel, g: &HostGuest, n: usize) -> Vec<Message>
 // ---------------------------------------------------------------------------------------------
 
 const FREE: u64 = 0x30_0000; // 3..4 MiB of the test frontend's memory holds no rings or buffers
-
-impl TestFrontend {
-    /// The same memfd presented as two memory-table regions split at `at`.
-    fn set_split_mem_table(&mut self, at: u64) {
-        let whole = self.region();
-        let first = VhostUserMemoryRegionInfo {
-            memory_size: at,
-            ..whole
-        };
-        let second = VhostUserMemoryRegionInfo {
-            guest_phys_addr: at,
-            memory_size: whole.memory_size - at,
-            userspace_addr: whole.userspace_addr + at,
-            mmap_offset: at,
-            ..whole
-        };
-        self.frontend.set_mem_table(&[first, second]).unwrap();
-    }
-
-    fn control(
-        &mut self,
-        me: MacAddr,
-        request_id: u32,
-        op: ControlOp,
-    ) -> Vec<(ControlStatus, u32)> {
-        let req = Frame {
-            dst: MacAddr::ENGINE,
-            src: me,
-            body: FrameBody::ControlRequest(ControlRequest { request_id, op }),
-        };
-        self.send(&req.encode().unwrap());
-        let mut answers = Vec::new();
-        let deadline = Instant::now() + T;
-        while Instant::now() < deadline {
-            let Some(bytes) = self.recv(Duration::from_millis(300)) else {
-                break;
-            };
-            if let Ok(Frame {
-                src,
-                body: FrameBody::ControlResponse(r),
-                ..
-            }) = Frame::decode(&bytes)
-            {
-                assert_eq!(src, MacAddr::ENGINE);
-                if r.request_id == request_id {
-                    answers.push((r.status, r.channel.0));
-                    if !matches!(r.status, ControlStatus::Pending) {
-                        break;
-                    }
-                }
-            }
-        }
-        answers
-    }
-}
-
-fn create(
-    mac: MacAddr,
-    endpoint: u32,
-    ring_size: u32,
-    region_addr: u64,
-    region_len: u64,
-) -> ControlOp {
-    ControlOp::Create(CreateRequest {
-        mac,
-        endpoint,
-        ring_size,
-        region_addr,
-        region_len,
-    })
-}
 
 fn failure(answers: &[(ControlStatus, u32)]) -> Option<FailureReason> {
     match answers.last() {
@@ -187,7 +56,7 @@ fn failure(answers: &[(ControlStatus, u32)]) -> Option<FailureReason> {
 
 #[test]
 fn channel_creation_succeeds_and_fails_for_each_reason_over_a_real_socket() {
-    let s = Setup::new(2, 100);
+    let s = daemon(2, 100);
     let mut f = TestFrontend::start(&s.sock(1));
     let me = mac(1);
     let k = 64 << 10;
@@ -251,7 +120,7 @@ fn channel_creation_succeeds_and_fails_for_each_reason_over_a_real_socket() {
 
 #[test]
 fn user_data_and_dma_data_between_two_host_process_guests_intact_and_in_order() {
-    let s = Setup::new(2, 100);
+    let s = daemon(2, 100);
     let (ga, gb) = (s.guest(1), s.guest(2));
     let mut a = ga.create_channel(7, 256, T).unwrap();
     let mut b = gb.create_channel(9, 256, T).unwrap();
@@ -318,13 +187,9 @@ fn user_data_and_dma_data_between_two_host_process_guests_intact_and_in_order() 
     );
 }
 
-fn eth(dst: MacAddr, src: MacAddr, tag: u8) -> Vec<u8> {
-    let mut f = Vec::new();
-    f.extend_from_slice(&dst.0);
-    f.extend_from_slice(&src.0);
-    f.extend_from_slice(&0x88b6u16.to_be_bytes());
-    f.extend_from_slice(&[tag; 50]);
-    f
+/// A frame of 50 bytes `tag` (ethertype 0x88b6, local experimental).
+fn tagged(dst: MacAddr, src: MacAddr, tag: u8) -> Vec<u8> {
+    eth(dst, src, 0x88b6, &[tag; 50])
 }
 
 fn raw_frames(g: &HostGuest, quiet: Duration) -> Vec<Vec<u8>> {
@@ -339,18 +204,21 @@ fn raw_frames(g: &HostGuest, quiet: Duration) -> Vec<Vec<u8>> {
 
 #[test]
 fn virtio_net_unicast_broadcast_and_a_spoofed_source_counted() {
-    let s = Setup::new(3, 100);
+    let s = daemon(3, 100);
     let (g1, g2, g3) = (s.guest(1), s.guest(2), s.guest(3));
-    assert!(g1.send_raw(&eth(mac(2), mac(1), 1)).unwrap());
-    assert!(g1.send_raw(&eth(MacAddr::BROADCAST, mac(1), 2)).unwrap());
-    assert!(g1.send_raw(&eth(mac(2), mac(3), 3)).unwrap()); // spoofs guest 3
+    assert!(g1.send_raw(&tagged(mac(2), mac(1), 1)).unwrap());
+    assert!(g1.send_raw(&tagged(MacAddr::BROADCAST, mac(1), 2)).unwrap());
+    assert!(g1.send_raw(&tagged(mac(2), mac(3), 3)).unwrap()); // spoofs guest 3
     let at2 = raw_frames(&g2, Duration::from_millis(300));
     let at3 = raw_frames(&g3, Duration::from_millis(300));
     assert_eq!(
         at2,
-        vec![eth(mac(2), mac(1), 1), eth(MacAddr::BROADCAST, mac(1), 2)]
+        vec![
+            tagged(mac(2), mac(1), 1),
+            tagged(MacAddr::BROADCAST, mac(1), 2)
+        ]
     );
-    assert_eq!(at3, vec![eth(MacAddr::BROADCAST, mac(1), 2)]);
+    assert_eq!(at3, vec![tagged(MacAddr::BROADCAST, mac(1), 2)]);
     assert!(
         raw_frames(&g1, Duration::from_millis(100)).is_empty(),
         "a broadcast does not return to its sender"
@@ -427,7 +295,7 @@ fn spawn_child(sock: &Path) -> ChildGuest {
 
 #[test]
 fn a_guest_killed_mid_traffic_is_torn_down_and_can_come_back() {
-    let s = Setup::new(3, 50);
+    let s = daemon(3, 50);
     let ga = s.guest(1);
     let mut a = ga.create_channel(1, 256, T).unwrap();
     let b_addr = ChannelAddr {
@@ -489,7 +357,9 @@ fn a_guest_killed_mid_traffic_is_torn_down_and_can_come_back() {
     }
     // The dead guest's channels are gone; the daemon still serves the others.
     let guest2 = engine.control_plane().guest_by_name("g2").unwrap();
-    net_support_wait(|| engine.control_plane().live_channels_of(guest2).is_empty());
+    wait_until(T, || {
+        engine.control_plane().live_channels_of(guest2).is_empty()
+    });
     let g3 = s.guest(3);
     let mut c = g3.create_channel(3, 256, T).unwrap();
     a.send_user(
@@ -513,19 +383,11 @@ fn a_guest_killed_mid_traffic_is_torn_down_and_can_come_back() {
     assert!(matches!(got[0], Message::UserData(u) if u.data() == b"again"));
 }
 
-fn net_support_wait(mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + T;
-    while !cond() {
-        assert!(Instant::now() < deadline, "condition not reached");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 #[test]
 fn garbage_on_a_socket_leaves_the_daemon_serving_the_others() {
     use std::io::Write;
-    net_support::capture_logs();
-    let s = Setup::new(3, 100);
+    logs::capture(log::LevelFilter::Info);
+    let s = daemon(3, 100);
     let (g1, g2) = (s.guest(1), s.guest(2));
     let mut a = g1.create_channel(1, 256, T).unwrap();
     let mut b = g2.create_channel(2, 256, T).unwrap();
@@ -572,6 +434,6 @@ fn garbage_on_a_socket_leaves_the_daemon_serving_the_others() {
         ],
         &["guest 3", "unusable memory table", "0x10000000000 bytes"],
     ] {
-        net_support::wait_for_log(words);
+        logs::wait_for(words);
     }
 }

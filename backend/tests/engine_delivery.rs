@@ -2,13 +2,11 @@
 //! the engine's workers with the real client library.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::time::Duration;
 
-use support::*;
 use svnic_backend::{Engine, EngineConfig};
 use svnic_channels::{ChannelId, CompletionStatus, DataRef, Message};
+use svnic_tests::fake_guest::*;
 
 const T: Duration = Duration::from_secs(10);
 
@@ -360,7 +358,7 @@ fn faulted_destination_is_an_error_completion() {
     let (ga, gb, mut a, b) = guest_pair(&engine);
     // B scribbles an impossible TX index: its worker faults it.
     support_raw::scribble(&b, svnic_channels::layout::header::TX_HEAD, 100_000);
-    support::wait_until(T, || {
+    wait_until(T, || {
         engine.run_state(ChannelId(b.id())) == Some(svnic_backend::RunState::Faulted)
     });
     assert!(b.fault().is_some(), "fault recorded in the header");

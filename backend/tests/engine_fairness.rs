@@ -5,16 +5,13 @@
 //! written into a closed channel, nothing reserved, and counters that balance.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::*;
 use svnic_backend::{Engine, EngineConfig};
 use svnic_channels::message::FLAG_COMPLETE;
 use svnic_channels::{ChannelId, CompletionStatus, DataRef, Message};
 use svnic_client::Channel;
+use svnic_tests::fake_guest::*;
 use vm_memory::{Bytes, GuestAddress};
 
 const T: Duration = Duration::from_secs(30);
@@ -232,14 +229,7 @@ fn dma_data_behind_a_reserved_buffer_waits_and_keeps_buffer_order() {
     let mut gd = FakeGuest::new(&engine, 2, 40);
     let mut a = ga.open_with(1, 256, LARGE_REGION).unwrap();
     let mut c = ga.open(2);
-    let (mut d, d_region) = gd
-        .open_with_doorbell(
-            1,
-            256,
-            LARGE_REGION,
-            Arc::new(EngineDoorbell(engine.clone())),
-        )
-        .unwrap();
+    let (mut d, d_region) = gd.open_region(1, 256, LARGE_REGION).unwrap();
     a.write_data(a.layout().data_offset, &pattern(1, LARGE))
         .unwrap();
     let small = pattern(2, 4096);
@@ -310,15 +300,10 @@ fn a_destination_destroyed_mid_message_fails_it_and_is_not_written_after() {
     let region = gd.alloc(LARGE_REGION);
     for attempt in 0..10u64 {
         // A fresh destination each attempt, over the same (zeroed) memory.
-        gd.mem
-            .write_slice(&vec![0u8; LARGE_REGION as usize], GuestAddress(region))
-            .unwrap();
-        let req = gd.request(1, 256, region, LARGE_REGION);
-        let info = engine.create_channel(gd.id, &req).unwrap();
-        let mut d = gd.attach(region, LARGE_REGION, 1);
+        let (id, mut d) = gd.recreate_at(1, 256, region, LARGE_REGION);
         let buffer = region + post_at_start(&mut d, 9, LARGE);
         send_large_and_wait_for_first_piece(&mut a, &gd, 1, buffer, attempt);
-        engine.destroy_channel(None, info.id).unwrap();
+        engine.destroy_channel(None, id).unwrap();
         let mut after_destroy = vec![0u8; LARGE_REGION as usize];
         gd.mem
             .read_slice(&mut after_destroy, GuestAddress(region))
@@ -362,31 +347,19 @@ fn a_sender_destroyed_mid_message_gives_the_posted_buffer_back() {
     let mut gd = FakeGuest::new(&engine, 2, 40);
     let mut c = ga.open(2);
     let a_region = ga.alloc(LARGE_REGION);
-    let (mut d, d_region) = gd
-        .open_with_doorbell(
-            1,
-            256,
-            LARGE_REGION,
-            Arc::new(EngineDoorbell(engine.clone())),
-        )
-        .unwrap();
+    let (mut d, d_region) = gd.open_region(1, 256, LARGE_REGION).unwrap();
     let buffer = d.layout().data_offset;
     let data = pattern(11, LARGE);
     for attempt in 0..10u64 {
         // A fresh sender each attempt, over the same memory.
-        ga.mem
-            .write_slice(&vec![0u8; LARGE_REGION as usize], GuestAddress(a_region))
-            .unwrap();
-        let req = ga.request(1, 256, a_region, LARGE_REGION);
-        let info = engine.create_channel(ga.id, &req).unwrap();
-        let mut a = ga.attach(a_region, LARGE_REGION, 1);
+        let (id, mut a) = ga.recreate_at(1, 256, a_region, LARGE_REGION);
         a.write_data(a.layout().data_offset, &data).unwrap();
         gd.mem
             .write_slice(&vec![0u8; LARGE as usize], GuestAddress(d_region + buffer))
             .unwrap();
         post_at_start(&mut d, 40 + attempt, LARGE);
         send_large_and_wait_for_first_piece(&mut a, &gd, 1, d_region + buffer, attempt);
-        engine.destroy_channel(None, info.id).unwrap();
+        engine.destroy_channel(None, id).unwrap();
         // The worker has let go of the sender: a message not delivered by now never will be.
         let early = poll_now(&mut d, 1);
         if !early.is_empty() {

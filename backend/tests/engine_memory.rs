@@ -2,20 +2,18 @@
 //! SET_MEM_TABLE, reset and disconnect do).
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::fs::File;
 use std::os::fd::FromRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::*;
 use svnic_backend::{Engine, GuestWaker, RunState};
 use svnic_channels::{
     ChannelAddr, ChannelId, CompletionStatus, FailureReason, Message, SharedRegion,
 };
 use svnic_client::Channel;
 use svnic_control_plane::{CreateRequest, GuestPolicy};
+use svnic_tests::fake_guest::*;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
 
 const T: Duration = Duration::from_secs(10);

@@ -3,11 +3,9 @@
 //! alongside.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::time::Duration;
 
-use support::wait_until;
+use svnic_tests::wait::wait_until;
 
 const T: Duration = Duration::from_secs(30);
 

@@ -2,14 +2,12 @@
 //! faults that stay local, destroy under traffic, and sleep/wake transitions with no lost wakeup.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::time::{Duration, Instant};
 
-use support::*;
 use svnic_backend::{Engine, EngineConfig, RunState};
 use svnic_channels::layout::header;
 use svnic_channels::{ChannelId, CompletionStatus, Message};
+use svnic_tests::fake_guest::*;
 use vm_memory::Bytes;
 
 const T: Duration = Duration::from_secs(30);

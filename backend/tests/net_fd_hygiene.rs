@@ -3,12 +3,12 @@
 //! One test in this binary, so that no other test opens descriptors meanwhile.
 #![allow(clippy::unwrap_used)]
 
-mod net_support;
-
 use std::time::{Duration, Instant};
 
-use net_support::{eth, mac, payload, Event, Net, TestFrontend, TIMEOUT};
 use svnic_control_plane::GuestId;
+use svnic_tests::frames::{eth, payload};
+use svnic_tests::switch_fixture::{mac, Event, Net};
+use svnic_tests::vhost_frontend::{TestFrontend, TIMEOUT};
 
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()

@@ -1,15 +1,16 @@
 //! Connections come and go; hostile frontends end only their own connection.
 #![allow(clippy::unwrap_used)]
 
-mod net_support;
-
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
-use net_support::{eth, mac, payload, wait_for_log, Event, Net, TestFrontend, MEM_SIZE, TIMEOUT};
 use svnic_control_plane::GuestId;
+use svnic_tests::frames::{eth, payload};
+use svnic_tests::logs::wait_for as wait_for_log;
+use svnic_tests::switch_fixture::{mac, Event, Net};
+use svnic_tests::vhost_frontend::{TestFrontend, MEM_SIZE, RX, TIMEOUT, TX};
 use vhost::VhostBackend;
 
 const QUIET: Duration = Duration::from_millis(200);
@@ -24,6 +25,15 @@ fn exchange(a: &mut TestFrontend, b: &mut TestFrontend, seed: u8) {
     assert_eq!(a.recv(TIMEOUT), Some(ba));
 }
 
+/// A good frontend on `sock` (port `port`) sends a frame that one on `to` (port 2) receives.
+fn assert_port_works(sock: &Path, to: &Path, port: u8, seed: u8) {
+    let mut a = TestFrontend::start(sock);
+    let mut b = TestFrontend::start(to);
+    let f = eth(mac(2), mac(port), 0x0800, &payload(seed, 100));
+    a.send(&f);
+    assert_eq!(b.recv(TIMEOUT), Some(f));
+}
+
 fn some_memory() -> Event {
     Event::Memory(GuestId(1), Some(MEM_SIZE))
 }
@@ -34,10 +44,7 @@ const LINK_DOWN: Event = Event::Link(GuestId(1), false);
 
 #[test]
 fn a_frontend_that_reconnects_to_the_same_socket_works_again() {
-    let mut net = Net::new();
-    let (sa, sb) = (net.add_port(1), net.add_port(2));
-    let mut a = TestFrontend::start(&sa);
-    let mut b = TestFrontend::start(&sb);
+    let (net, mut a, mut b) = Net::with_two_frontends();
     exchange(&mut a, &mut b, 1);
 
     drop(a);
@@ -55,7 +62,7 @@ fn a_frontend_that_reconnects_to_the_same_socket_works_again() {
         1
     );
 
-    let mut a = TestFrontend::start(&sa);
+    let mut a = TestFrontend::start(&net.socket(1));
     net.events.wait_count(&LINK_UP, 2);
     assert_eq!(
         net.events.of(GuestId(1)),
@@ -74,17 +81,14 @@ fn a_frontend_that_reconnects_to_the_same_socket_works_again() {
 
     // And once more, to be sure the listener keeps its socket across connections.
     drop(a);
-    let mut a = TestFrontend::start(&sa);
+    let mut a = TestFrontend::start(&net.socket(1));
     net.events.wait_count(&LINK_UP, 3);
     exchange(&mut a, &mut b, 5);
 }
 
 #[test]
 fn stopping_the_rings_takes_memory_and_link_down_and_a_restart_brings_them_back() {
-    let mut net = Net::new();
-    let (sa, sb) = (net.add_port(1), net.add_port(2));
-    let mut a = TestFrontend::start(&sa);
-    let mut b = TestFrontend::start(&sb);
+    let (net, mut a, mut b) = Net::with_two_frontends();
     exchange(&mut a, &mut b, 1);
 
     // The guest driver resets: QEMU disables and stops both rings (GET_VRING_BASE).
@@ -114,19 +118,16 @@ fn stopping_the_rings_takes_memory_and_link_down_and_a_restart_brings_them_back(
 
 #[test]
 fn the_device_goes_down_only_when_every_ring_is_stopped() {
-    let mut net = Net::new();
-    let (sa, sb) = (net.add_port(1), net.add_port(2));
-    let mut a = TestFrontend::start(&sa);
-    let mut b = TestFrontend::start(&sb);
+    let (net, mut a, mut b) = Net::with_two_frontends();
     exchange(&mut a, &mut b, 1);
 
-    a.stop_ring(net_support::RX).unwrap();
+    a.stop_ring(RX).unwrap();
     let f = eth(mac(2), mac(1), 0x0800, &payload(7, 90));
     a.send(&f); // TX still runs
     assert_eq!(b.recv(TIMEOUT), Some(f));
     assert!(!net.events.events().contains(&LINK_DOWN));
 
-    a.stop_ring(net_support::TX).unwrap();
+    a.stop_ring(TX).unwrap();
     net.events.wait_count(&LINK_DOWN, 1);
     assert_eq!(
         net.events.of(GuestId(1)),
@@ -177,11 +178,7 @@ fn garbage_bytes_end_that_connection_and_the_listener_keeps_serving() {
     assert!(line.starts_with("WARN"), "{line}");
 
     // The same socket serves a well-behaved frontend next.
-    let mut a = TestFrontend::start(&sa);
-    let mut b = TestFrontend::start(&sb);
-    let f = eth(mac(2), mac(11), 0x0800, &payload(1, 100));
-    a.send(&f);
-    assert_eq!(b.recv(TIMEOUT), Some(f));
+    assert_port_works(&sa, &sb, 11, 1);
 }
 
 #[test]
@@ -224,11 +221,7 @@ fn a_memory_table_larger_than_its_file_ends_the_connection() {
     );
     drop(evil);
 
-    let mut a = TestFrontend::start(&sa);
-    let mut b = TestFrontend::start(&sb);
-    let f = eth(mac(2), mac(13), 0x0800, &payload(2, 100));
-    a.send(&f);
-    assert_eq!(b.recv(TIMEOUT), Some(f));
+    assert_port_works(&sa, &sb, 13, 2);
 }
 
 #[test]
@@ -264,11 +257,7 @@ fn a_memory_table_that_cannot_be_mapped_ends_the_connection() {
     assert!(line.starts_with("WARN"), "{line}");
     drop(evil);
 
-    let mut a = TestFrontend::start(&s);
-    let mut b = TestFrontend::start(&sb);
-    let f = eth(mac(2), mac(15), 0x0800, &payload(3, 100));
-    a.send(&f);
-    assert_eq!(b.recv(TIMEOUT), Some(f));
+    assert_port_works(&s, &sb, 15, 3);
 }
 
 #[test]

@@ -1,25 +1,21 @@
 //! Guests connected over real vhost-user sockets exchange frames through the switch.
 #![allow(clippy::unwrap_used)]
 
-mod net_support;
-
 use std::time::{Duration, Instant};
 
-use net_support::{eth, mac, payload, Event, Net, TestFrontend, HDR_LEN, RX_BUFFERS, TIMEOUT};
 use svnic_backend::net::PortStats;
-use svnic_channels::frame::{ControlResponse, ControlStatus, Frame, FrameBody, ETHERTYPE};
+use svnic_channels::frame::{ControlResponse, ControlStatus, FrameBody, ETHERTYPE};
 use svnic_channels::{ChannelId, MacAddr};
 use svnic_control_plane::GuestId;
+use svnic_tests::frames::{eth, payload, svnic_frame};
+use svnic_tests::switch_fixture::{mac, Event, Net};
+use svnic_tests::vhost_frontend::{TestFrontend, HDR_LEN, RX_BUFFERS, TIMEOUT};
 
 const QUIET: Duration = Duration::from_millis(200);
 
 #[test]
 fn two_ports_exchange_unicast_both_ways_intact() {
-    let mut net = Net::new();
-    let (sa, sb) = (net.add_port(1), net.add_port(2));
-    let mut a = TestFrontend::start(&sa);
-    let mut b = TestFrontend::start(&sb);
-    net.events.wait_count(&Event::Link(GuestId(2), true), 1);
+    let (net, mut a, mut b) = Net::with_two_frontends();
 
     let ab = eth(mac(2), mac(1), 0x0800, &payload(1, 1000));
     let ba = eth(mac(1), mac(2), 0x0800, &payload(2, 60));
@@ -91,11 +87,7 @@ fn broadcast_reaches_every_other_port() {
 
 #[test]
 fn spoofed_source_mac_is_dropped_and_counted() {
-    let mut net = Net::new();
-    let (sa, sb) = (net.add_port(1), net.add_port(2));
-    let mut a = TestFrontend::start(&sa);
-    let mut b = TestFrontend::start(&sb);
-    net.events.wait_count(&Event::Link(GuestId(2), true), 1);
+    let (net, mut a, mut b) = Net::with_two_frontends();
 
     a.send(&eth(mac(2), mac(2), 0x0800, b"pretending to be port 2"));
     a.send(&eth(MacAddr::BROADCAST, mac(9), 0x0800, b"nobody's MAC"));
@@ -107,11 +99,7 @@ fn spoofed_source_mac_is_dropped_and_counted() {
 
 #[test]
 fn svnic_frames_reach_the_engine_with_the_right_port_and_are_not_switched() {
-    let mut net = Net::new();
-    let (sa, sb) = (net.add_port(1), net.add_port(2));
-    let mut a = TestFrontend::start(&sa);
-    let mut b = TestFrontend::start(&sb);
-    net.events.wait_count(&Event::Link(GuestId(2), true), 1);
+    let (net, mut a, mut b) = Net::with_two_frontends();
 
     // To the engine; to the other guest; broadcast behind a VLAN tag with a forged source:
     // all consumed by the engine, attributed to the sending port.
@@ -171,7 +159,7 @@ fn inject_reaches_the_guest() {
     // queue and arrive once buffers are posted. (That queue is small: let the device drain it
     // into the guest's buffers as the frames go in.)
     let mut many = Vec::new();
-    for i in 0..(u32::from(net_support::RX_BUFFERS) + 5) {
+    for i in 0..(u32::from(RX_BUFFERS) + 5) {
         wait_for_stats(&net, 1, "engine queue drained", |s| s.engine_queued < 16);
         let f = eth(mac(1), MacAddr::ENGINE, ETHERTYPE, &payload(i as u8, 30));
         assert!(net.switch.inject(GuestId(1), &f));
@@ -199,23 +187,12 @@ fn wait_for_stats(net: &Net, id: u32, what: &str, pred: impl Fn(&PortStats) -> b
 
 /// An engine frame (from `MacAddr::ENGINE`) for the guest of port `to`.
 fn engine_frame(to: u8, body: FrameBody<'static>) -> Vec<u8> {
-    Frame {
-        dst: mac(to),
-        src: MacAddr::ENGINE,
-        body,
-    }
-    .encode()
-    .unwrap()
+    svnic_frame(MacAddr::ENGINE, mac(to), body)
 }
 
 #[test]
 fn another_guests_broadcast_flood_cannot_drop_or_delay_engine_frames() {
-    let mut net = Net::new();
-    let (sa, sb) = (net.add_port(1), net.add_port(2));
-    let mut a = TestFrontend::start(&sa);
-    let mut b = TestFrontend::start(&sb);
-    net.events.wait_count(&Event::Link(GuestId(1), true), 1);
-    net.events.wait_count(&Event::Link(GuestId(2), true), 1);
+    let (net, mut a, mut b) = Net::with_two_frontends();
 
     // B floods: A's receive buffers fill, then A's RX queue, then the rest is dropped.
     let capacity = net.switch.config().rx_queue_frames;
@@ -278,11 +255,7 @@ fn another_guests_broadcast_flood_cannot_drop_or_delay_engine_frames() {
 
 #[test]
 fn bad_tx_chains_are_counted_and_returned_not_fatal() {
-    let mut net = Net::new();
-    let (sa, sb) = (net.add_port(1), net.add_port(2));
-    let mut a = TestFrontend::start(&sa);
-    let mut b = TestFrontend::start(&sb);
-    net.events.wait_count(&Event::Link(GuestId(2), true), 1);
+    let (net, mut a, mut b) = Net::with_two_frontends();
 
     // Shorter than the virtio-net header; outside guest memory; device-writable.
     let base = 0x40_0000u64;

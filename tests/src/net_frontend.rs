@@ -207,36 +207,44 @@ impl NetFrontend {
         let index = u32::from(q);
         let size = u32::from(self.queues[usize::from(q)].size);
         let qi = u8::try_from(q).unwrap_or(u8::MAX);
-        self.request(
-            "SET_VRING_NUM",
-            req::SET_VRING_NUM,
-            &vring_state(index, size),
-            &[],
-        )?;
-        self.request(
-            "SET_VRING_BASE",
-            req::SET_VRING_BASE,
-            &vring_state(index, 0),
-            &[],
-        )?;
-        self.request(
-            "SET_VRING_ADDR",
-            req::SET_VRING_ADDR,
-            &self.vring_addr(q).body(),
-            &[],
-        )?;
-        self.request(
-            "SET_VRING_KICK",
-            req::SET_VRING_KICK,
-            &vring_fd_body(qi, false),
-            &[self.kick[usize::from(q)].as_raw_fd()],
-        )?;
-        self.request(
-            "SET_VRING_CALL",
-            req::SET_VRING_CALL,
-            &vring_fd_body(qi, false),
-            &[self.call[usize::from(q)].as_raw_fd()],
-        )
+        let kick = [self.kick[usize::from(q)].as_raw_fd()];
+        let call = [self.call[usize::from(q)].as_raw_fd()];
+        let steps: [(&str, u32, Vec<u8>, &[i32]); 5] = [
+            (
+                "SET_VRING_NUM",
+                req::SET_VRING_NUM,
+                vring_state(index, size),
+                &[],
+            ),
+            (
+                "SET_VRING_BASE",
+                req::SET_VRING_BASE,
+                vring_state(index, 0),
+                &[],
+            ),
+            (
+                "SET_VRING_ADDR",
+                req::SET_VRING_ADDR,
+                self.vring_addr(q).body(),
+                &[],
+            ),
+            (
+                "SET_VRING_KICK",
+                req::SET_VRING_KICK,
+                vring_fd_body(qi, false),
+                &kick,
+            ),
+            (
+                "SET_VRING_CALL",
+                req::SET_VRING_CALL,
+                vring_fd_body(qi, false),
+                &call,
+            ),
+        ];
+        for (step, request, body, fds) in steps {
+            self.request(step, request, &body, fds)?;
+        }
+        Ok(())
     }
 
     /// Notifies the device that queue `q` has new buffers.

@@ -65,13 +65,8 @@ impl PolitePair {
     /// One round trip (user-data both ways, then a frame both ways); how long it took.
     pub fn round_trip(&mut self) -> Result<Duration, String> {
         let t0 = Instant::now();
-        self.rounds += 1;
+        self.user_round_trip()?;
         let n = self.rounds;
-        let (addr_a, addr_b) = (self.ca.addr(), self.cb.addr());
-        send_user(&mut self.ca, addr_b, n)?;
-        expect_user(&mut self.cb, &self.b, addr_a, n).map_err(|e| format!("A -> B: {e}"))?;
-        send_user(&mut self.cb, addr_a, n)?;
-        expect_user(&mut self.ca, &self.a, addr_b, n).map_err(|e| format!("B -> A: {e}"))?;
         exchange_frame(&self.a, &self.b, n).map_err(|e| format!("frame A -> B: {e}"))?;
         exchange_frame(&self.b, &self.a, n).map_err(|e| format!("frame B -> A: {e}"))?;
         Ok(t0.elapsed())

@@ -195,6 +195,20 @@ impl SplitQueue {
             .map_err(|e| format!("used idx: {e}"))
     }
 
+    /// How far the driver has read the used ring.
+    pub fn last_used(&self) -> u16 {
+        self.last_used
+    }
+
+    /// Stores `used_event` (VIRTIO_F_EVENT_IDX: the device signals once `used.idx` passes it;
+    /// release, as the driver publishes it).
+    pub fn set_used_event(&self, mem: &GuestMem, idx: u16) -> Result<(), String> {
+        let at = self.avail + 4 + 2 * u64::from(self.size);
+        mem.mem
+            .store(idx.to_le(), GuestAddress(at), Ordering::Release)
+            .map_err(|e| format!("used event: {e}"))
+    }
+
     /// The next used element (id, len), if the device published one.
     pub fn pop_used(&mut self, mem: &GuestMem) -> Result<Option<(u32, u32)>, String> {
         if self.used_idx(mem)? == self.last_used {

@@ -264,6 +264,18 @@ impl TwoGuests {
         self.dir.path()
     }
 
+    /// Waits until guest `who` ("A" or "B") has powered off cleanly by `deadline`; panics with
+    /// [`TwoGuests::context`] if it has not.
+    pub fn wait_powered_off(&mut self, who: &str, deadline: Instant) {
+        let vm = if who == "A" { &mut self.a } else { &mut self.b };
+        let exit = vm.wait_exit(deadline).unwrap_or_else(|e| panic!("{e}"));
+        ensure!(
+            exit.is_some_and(|s| s.success()),
+            self.context(),
+            "guest {who} did not power off in time: {exit:?}"
+        );
+    }
+
     /// Everything worth reading when the test fails: each guest's launcher log and console, then
     /// svnic's log.
     pub fn context(&self) -> String {

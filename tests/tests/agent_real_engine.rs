@@ -18,10 +18,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use svnic_backend::frame_handler::{FrameHandler, FrameOut};
-use svnic_backend::{Engine, EngineConfig};
+use svnic_backend::Engine;
 use svnic_channels::MacAddr;
 use svnic_control_plane::{GuestId, GuestPolicy};
 use svnic_guestd::memory::{MemfdBackend, HUGEPAGE};
@@ -67,11 +67,7 @@ impl Vm {
         let dir = std::env::temp_dir().join(format!("svnic-vmmode-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let engine = Engine::new(EngineConfig {
-            workers: 1,
-            ..EngineConfig::default()
-        })
-        .unwrap();
+        let engine = svnic_tests::fake_guest::engine(1);
         let guest = engine
             .register_guest(GuestPolicy::new("vm", MAC), None)
             .unwrap();
@@ -142,6 +138,31 @@ impl Vm {
             .len()
     }
 
+    /// Starts `tool --agent <the agent's socket> <args>` (as nobody when root).
+    fn run(&self, tool: &str, args: &[&str]) -> Tool {
+        let sock = self.sock();
+        let mut all = vec![tool, "--agent", &sock];
+        all.extend_from_slice(args);
+        self.tool(tool, &all)
+    }
+
+    /// Starts `tool --path <path> --endpoint <endpoint> [--peer <peer>] --count <count> --json`.
+    fn run_on(
+        &self,
+        tool: &str,
+        path: &str,
+        endpoint: &str,
+        peer: Option<&str>,
+        count: &str,
+    ) -> Tool {
+        let mut args = vec!["--path", path, "--endpoint", endpoint];
+        if let Some(peer) = peer {
+            args.extend(["--peer", peer]);
+        }
+        args.extend(["--count", count, "--json"]);
+        self.run(tool, &args)
+    }
+
     fn tool(&self, name: &str, args: &[&str]) -> Tool {
         // SAFETY: geteuid has no preconditions.
         let root = unsafe { libc::geteuid() } == 0;
@@ -163,59 +184,30 @@ impl Drop for Vm {
     }
 }
 
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < LONG, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+/// `out`'s stderr says `what`.
+fn assert_stderr_has(out: &tool::Finished, what: &str) {
+    assert!(out.stderr.contains(what), "{}", out.stderr);
+}
+
+fn wait_until(what: &str, f: impl FnMut() -> bool) {
+    eprintln!("waiting until {what}");
+    svnic_tests::wait::wait_until(LONG, f);
 }
 
 #[test]
 fn ping_and_perf_through_the_agent_and_the_real_engine() {
     let vm = Vm::start("tools");
-    let sock = vm.sock();
     let free = vm.memory.free_bytes();
     let peer = format!("{MAC}/1");
     for path in ["user", "dma", "user"] {
-        let echo = vm.tool(
-            "echo",
-            &[
-                "echo",
-                "--agent",
-                &sock,
-                "--path",
-                path,
-                "--endpoint",
-                "1",
-                "--count",
-                "200",
-                "--json",
-            ],
-        );
+        let echo = vm.run_on("echo", path, "1", None, "200");
         let ready = echo.wait_ready(LONG);
         assert!(
             ready.contains(&format!("ready at {MAC}/1 (vm, path {path})")),
             "{ready}"
         );
         let p = vm
-            .tool(
-                "ping",
-                &[
-                    "ping",
-                    "--agent",
-                    &sock,
-                    "--path",
-                    path,
-                    "--endpoint",
-                    "2",
-                    "--peer",
-                    &peer,
-                    "--count",
-                    "200",
-                    "--json",
-                ],
-            )
+            .run_on("ping", path, "2", Some(&peer), "200")
             .finish(LONG)
             .json();
         assert_eq!(
@@ -231,40 +223,10 @@ fn ping_and_perf_through_the_agent_and_the_real_engine() {
     }
     for (path, count) in [("user", 20_000u64), ("dma", 2_000)] {
         let n = count.to_string();
-        let sink = vm.tool(
-            "sink",
-            &[
-                "sink",
-                "--agent",
-                &sock,
-                "--path",
-                path,
-                "--endpoint",
-                "1",
-                "--count",
-                &n,
-                "--json",
-            ],
-        );
+        let sink = vm.run_on("sink", path, "1", None, &n);
         sink.wait_ready(LONG);
         let p = vm
-            .tool(
-                "perf",
-                &[
-                    "perf",
-                    "--agent",
-                    &sock,
-                    "--path",
-                    path,
-                    "--endpoint",
-                    "2",
-                    "--peer",
-                    &peer,
-                    "--count",
-                    &n,
-                    "--json",
-                ],
-            )
+            .run_on("perf", path, "2", Some(&peer), &n)
             .finish(LONG)
             .json();
         assert_eq!(p["messages"], count);
@@ -284,28 +246,15 @@ fn ping_and_perf_through_the_agent_and_the_real_engine() {
 #[test]
 fn sleeping_clients_are_woken_through_the_agent() {
     let vm = Vm::start("sleep");
-    let sock = vm.sock();
     let peer = format!("{MAC}/1");
     // No polling at all: every wait sleeps, so every reply needs a Wake frame relayed by the
     // agent to the application's eventfd.
     let quiet = ["--spins", "0", "--yields", "0"];
-    let mut args = vec![
-        "echo",
-        "--agent",
-        &sock,
-        "--endpoint",
-        "1",
-        "--count",
-        "50",
-        "--json",
-    ];
+    let mut args = vec!["--endpoint", "1", "--count", "50", "--json"];
     args.extend(quiet);
-    let echo = vm.tool("echo", &args);
+    let echo = vm.run("echo", &args);
     echo.wait_ready(LONG);
     let mut args = vec![
-        "ping",
-        "--agent",
-        &sock,
         "--endpoint",
         "2",
         "--peer",
@@ -315,7 +264,7 @@ fn sleeping_clients_are_woken_through_the_agent() {
         "--json",
     ];
     args.extend(quiet);
-    let p = vm.tool("ping", &args).finish(LONG).json();
+    let p = vm.run("ping", &args).finish(LONG).json();
     assert_eq!(p["round_trips"], 50);
     assert_eq!(echo.finish(LONG).json()["echoed"], 50);
     let st = vm.handle.status();
@@ -332,19 +281,9 @@ fn sleeping_clients_are_woken_through_the_agent() {
 fn a_killed_application_has_its_channel_destroyed_before_the_memory_is_freed() {
     let vm = Vm::start("kill");
     let free = vm.memory.free_bytes();
-    let echo = vm.tool(
+    let echo = vm.run(
         "echo",
-        &[
-            "echo",
-            "--agent",
-            &vm.sock(),
-            "--path",
-            "user",
-            "--count",
-            "1000000",
-            "--wait",
-            "600",
-        ],
+        &["--path", "user", "--count", "1000000", "--wait", "600"],
     );
     echo.wait_ready(LONG);
     assert_eq!(vm.live_in_engine(), 1);
@@ -480,22 +419,14 @@ fn an_unprivileged_process_is_held_to_its_uids_quota_and_endpoints() {
     );
     // The reservation is checked first: another uid's endpoint is refused as such.
     let reserved = echo_as_nobody("150").finish(LONG);
-    assert!(
-        reserved.stderr.contains("reserved for uid 1000"),
-        "{}",
-        reserved.stderr
-    );
+    assert_stderr_has(&reserved, "reserved for uid 1000");
 
     // Killed: the quota comes back once the engine acknowledged the destroy, not before.
     vm.paused.store(true, Ordering::Relaxed);
     holder.kill();
     wait_until("the holder is gone", || vm.handle.status().apps == 0);
     let blocked = echo_as_nobody("2").finish(LONG);
-    assert!(
-        blocked.stderr.contains("--max-channels-per-uid"),
-        "{}",
-        blocked.stderr
-    );
+    assert_stderr_has(&blocked, "--max-channels-per-uid");
     vm.paused.store(false, Ordering::Relaxed);
     wait_until("the quota is released", || {
         !vm.handle.status().users.contains_key(&NOBODY)

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use svnic_backend::frame_handler::{FrameHandler, FrameOut};
 use svnic_backend::net::{serve_port, PortEvents, PortId, StopSignal, Switch, SwitchConfig};
-use svnic_backend::{Engine, EngineConfig};
+use svnic_backend::Engine;
 use svnic_channels::layout::DEFAULT_REGION_LEN;
 use svnic_channels::{MacAddr, Message};
 use svnic_control_plane::GuestPolicy;
@@ -65,11 +65,7 @@ struct Backend {
 impl Backend {
     /// A backend serving guest A and guest B, each on its own socket.
     fn start(name: &str) -> Self {
-        let engine = Engine::new(EngineConfig {
-            workers: 2,
-            ..EngineConfig::default()
-        })
-        .unwrap();
+        let engine = svnic_tests::fake_guest::engine(2);
         let ga = engine
             .register_guest(GuestPolicy::new("guest-a", A), None)
             .unwrap();

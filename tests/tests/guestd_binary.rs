@@ -17,33 +17,7 @@ fn guestd() -> std::path::PathBuf {
 
 #[test]
 fn the_daemon_starts_in_the_background_serves_and_stops_on_sigterm() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root");
-        return;
-    }
-    let t = std::thread::spawn(|| {
-        // SAFETY: moves only this thread (and what it starts) into a new network namespace.
-        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            eprintln!("skipped: cannot unshare the network namespace");
-            return;
-        }
-        let made = Command::new("ip")
-            .args([
-                "link",
-                "add",
-                "gd0",
-                "address",
-                "52:54:00:7a:00:01",
-                "type",
-                "veth",
-            ])
-            .args(["peer", "name", "gd1"])
-            .status();
-        if !made.is_ok_and(|s| s.success()) {
-            eprintln!("skipped: cannot create a veth pair");
-            return;
-        }
+    in_netns_with_veth(&["gd0", "address", "52:54:00:7a:00:01"], "gd1", || {
         let dir = std::env::temp_dir().join(format!("svnic-guestd-bin-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let sock = dir.join("run/agent.sock");
@@ -73,29 +47,13 @@ fn the_daemon_starts_in_the_background_serves_and_stops_on_sigterm() {
             stdout.contains("svnic-guestd: serving applications on"),
             "{stdout}"
         );
-        let pid: i32 = stdout
-            .split("(pid ")
-            .nth(1)
-            .and_then(|r| r.split(')').next())
-            .and_then(|p| p.parse().ok())
-            .unwrap();
+        let pid = pid_of(&stdout);
         let client = AgentClient::connect(&sock).unwrap();
         assert_eq!(client.mac().to_string(), "52:54:00:7a:00:01");
         drop(client);
         // SAFETY: kill sends SIGTERM to the agent we started.
         assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-        let t0 = Instant::now();
-        while std::path::Path::new(&format!("/proc/{pid}")).exists()
-            && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .unwrap_or_default()
-                .contains(") Z")
-        {
-            assert!(
-                t0.elapsed() < Duration::from_secs(10),
-                "the agent did not stop"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_gone(pid);
         assert!(!sock.exists(), "the socket is removed on exit");
         let text = std::fs::read_to_string(&log).unwrap();
         for line in [
@@ -108,7 +66,6 @@ fn the_daemon_starts_in_the_background_serves_and_stops_on_sigterm() {
         }
         let _ = std::fs::remove_dir_all(&dir);
     });
-    t.join().unwrap();
 }
 
 /// Connects as `uid` from a thread that alone switches to that user (the raw syscalls act on
@@ -127,6 +84,49 @@ fn hello_as(sock: &std::path::Path, uid: u32) -> Result<u32, String> {
     })
     .join()
     .unwrap()
+}
+
+/// The pid in "(pid N)" of the agent's start-up line.
+fn pid_of(stdout: &str) -> i32 {
+    stdout
+        .split("(pid ")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap()
+}
+
+/// Runs `body` on a thread moved into a new network namespace holding a veth pair: `first`
+/// (`ip link add` arguments: the name, and maybe `address <mac>`) and its peer `peer`. Skips
+/// (prints why, and passes) unless root and both steps work.
+fn in_netns_with_veth(first: &[&str], peer: &str, body: impl FnOnce() + Send + 'static) {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let mut args = vec!["link", "add"];
+    args.extend_from_slice(first);
+    let args: Vec<String> = args
+        .iter()
+        .chain(&["type", "veth", "peer", "name", peer])
+        .map(|a| a.to_string())
+        .collect();
+    std::thread::spawn(move || {
+        // SAFETY: moves only this thread (and what it starts) into a new network namespace.
+        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+            eprintln!("skipped: cannot unshare the network namespace");
+            return;
+        }
+        let made = Command::new("ip").args(&args).status();
+        if !made.is_ok_and(|s| s.success()) {
+            eprintln!("skipped: cannot create a veth pair");
+            return;
+        }
+        body();
+    })
+    .join()
+    .unwrap();
 }
 
 fn wait_gone(pid: i32) {
@@ -149,24 +149,7 @@ fn wait_gone(pid: i32) {
 /// agent: nobody's Hello allows the --max-channels-per-uid channels, root's the per-app ones.
 #[test]
 fn the_socket_mode_is_exact_under_any_umask_and_uid_flags_reach_the_agent() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root");
-        return;
-    }
-    let t = std::thread::spawn(|| {
-        // SAFETY: moves only this thread (and what it starts) into a new network namespace.
-        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            eprintln!("skipped: cannot unshare the network namespace");
-            return;
-        }
-        let made = Command::new("ip")
-            .args(["link", "add", "gm0", "type", "veth", "peer", "name", "gm1"])
-            .status();
-        if !made.is_ok_and(|s| s.success()) {
-            eprintln!("skipped: cannot create a veth pair");
-            return;
-        }
+    in_netns_with_veth(&["gm0"], "gm1", || {
         let dir = std::env::temp_dir().join(format!("svnic-guestd-mode-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let run = dir.join("run");
@@ -193,12 +176,7 @@ fn the_socket_mode_is_exact_under_any_umask_and_uid_flags_reach_the_agent() {
                 "{stdout}{}",
                 String::from_utf8_lossy(&out.stderr)
             );
-            let pid: i32 = stdout
-                .split("(pid ")
-                .nth(1)
-                .and_then(|r| r.split(')').next())
-                .and_then(|p| p.parse().ok())
-                .unwrap();
+            let pid = pid_of(&stdout);
             let got = std::fs::symlink_metadata(&sock)
                 .unwrap()
                 .permissions()
@@ -218,5 +196,4 @@ fn the_socket_mode_is_exact_under_any_umask_and_uid_flags_reach_the_agent() {
         }
         let _ = std::fs::remove_dir_all(&dir);
     });
-    t.join().unwrap();
 }

@@ -11,8 +11,8 @@ mod hostile;
 use std::time::Duration;
 
 use svnic_channels::MacAddr;
-use svnic_tests::arena::{Arena, Bounds};
-use svnic_tests::net_frontend::NetFrontend;
+use svnic_tests::arena::{Arena, Bounds, Footprint};
+use svnic_tests::net_frontend::{NetFrontend, WANTED_FEATURES};
 use svnic_tests::polite_pair::test_frame;
 use svnic_tests::raw_frontend::Sealing;
 
@@ -26,6 +26,23 @@ fn polite_evil(arena: &Arena) -> NetFrontend {
         panic!("polite setup on \"evil\": {e}\n{}", arena.log());
     }
     f
+}
+
+/// A frontend on "evil" through QEMU 7.2's handshake, early enable and SET_FEATURES (what it
+/// wants of what is offered): memory and rings are the test's.
+fn evil_up_to_features(arena: &Arena) -> NetFrontend {
+    let mut f = NetFrontend::connect(&arena.socket("evil"), Sealing::Sealed).unwrap();
+    f.negotiate().unwrap();
+    f.early_enable().unwrap();
+    f.set_features(f.offered_features & WANTED_FEATURES)
+        .unwrap();
+    f
+}
+
+/// Gives the daemon [`SETTLE`] to handle what the test published, then the verdict.
+fn settle_then_assert_unharmed(arena: Arena, before: Footprint) {
+    std::thread::sleep(SETTLE);
+    arena.assert_unharmed(before, Bounds::default());
 }
 
 /// A broadcast frame from A: it lands in the RX queue of every other connected guest.

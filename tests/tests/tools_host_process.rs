@@ -6,58 +6,30 @@
 
 use svnic_tests::guest_tool as tool;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use svnic_backend::config::{DaemonConfig, EngineOverrides};
-use svnic_backend::daemon::{AdminSocket, Daemon};
+use svnic_backend::config::EngineOverrides;
 use svnic_channels::MacAddr;
+use svnic_tests::daemon_fixture::DaemonFixture;
 use tool::spawn;
 
 const MAC1: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x70, 0x01, 0x01]);
 const MAC2: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x70, 0x01, 0x02]);
 const LONG: Duration = Duration::from_secs(120);
 
-struct Setup {
-    daemon: Option<Daemon>,
-    dir: PathBuf,
+/// The daemon with guests 1 (MAC1) and 2 (MAC2).
+fn daemon(name: &str) -> DaemonFixture {
+    let guests = [(MAC1, ""), (MAC2, "")];
+    DaemonFixture::start(
+        &format!("tools-{name}"),
+        &guests,
+        EngineOverrides::default(),
+    )
 }
 
-impl Setup {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("svnic-tools-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let specs = [(1, MAC1), (2, MAC2)].map(|(i, mac)| {
-            format!(
-                "name=g{i},socket={},mac={mac}",
-                dir.join(format!("g{i}.sock")).display()
-            )
-        });
-        let overrides = EngineOverrides {
-            workers: Some(1),
-            ..Default::default()
-        };
-        let cfg =
-            DaemonConfig::load(None, &specs, &overrides, Some(dir.join("admin.sock"))).unwrap();
-        Setup {
-            daemon: Some(Daemon::start(&cfg, AdminSocket::Off).unwrap()),
-            dir,
-        }
-    }
-
-    fn sock(&self, i: u8) -> String {
-        self.dir.join(format!("g{i}.sock")).display().to_string()
-    }
-}
-
-impl Drop for Setup {
-    fn drop(&mut self) {
-        if let Some(d) = self.daemon.take() {
-            d.shutdown();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// Guest `i`'s socket, as an argument.
+fn sock(d: &DaemonFixture, i: u8) -> String {
+    d.sock(i).display().to_string()
 }
 
 fn peer(path: &str) -> String {
@@ -89,8 +61,8 @@ fn spawn_initiator(tool: &str, sock: &str, path: &str, count: &str) -> tool::Too
 
 #[test]
 fn ping_and_echo_over_every_path() {
-    let s = Setup::new("ping");
-    let (g1, g2) = (s.sock(1), s.sock(2));
+    let s = daemon("ping");
+    let (g1, g2) = (sock(&s, 1), sock(&s, 2));
     for path in ["user", "dma", "frame"] {
         let count = "200";
         let echo = spawn(
@@ -125,8 +97,8 @@ fn ping_and_echo_over_every_path() {
 
 #[test]
 fn perf_and_sink_over_every_path() {
-    let s = Setup::new("perf");
-    let (g1, g2) = (s.sock(1), s.sock(2));
+    let s = daemon("perf");
+    let (g1, g2) = (sock(&s, 1), sock(&s, 2));
     for (path, count) in [("user", 20_000u64), ("dma", 2_000), ("frame", 2_000)] {
         let n = count.to_string();
         let sink = spawn(
@@ -281,10 +253,10 @@ fn errors_are_reported_not_panicked() {
 
 #[test]
 fn crash_test_in_host_process_mode() {
-    let s = Setup::new("crash");
+    let s = daemon("crash");
     let r = spawn(
         "crash-test",
-        &["crash-test", "--socket", &s.sock(1), "--json"],
+        &["crash-test", "--socket", &sock(&s, 1), "--json"],
     )
     .finish(LONG)
     .json();

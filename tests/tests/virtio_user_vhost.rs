@@ -52,6 +52,17 @@ fn negotiates_features_mac_and_link_with_a_vhost_user_daemon() {
     assert_eq!(net.link_up(), None);
 }
 
+/// Calls `step` (wait, then take what arrived) until `n` frames came; `who` received them.
+fn receive_n(n: u32, who: &str, mut step: impl FnMut(&mut Vec<Vec<u8>>)) -> Vec<Vec<u8>> {
+    let mut got = Vec::new();
+    let t = Instant::now();
+    while got.len() < n as usize {
+        assert!(t.elapsed() < LONG, "{who} received {} of {n}", got.len());
+        step(&mut got);
+    }
+    got
+}
+
 fn exchange(features: u64, name: &str) {
     let hub = Hub::new(name);
     let pa = hub.add_port(A, features, VhostUserProtocolFeatures::CONFIG);
@@ -65,14 +76,10 @@ fn exchange(features: u64, name: &str) {
     // demultiplexer from another thread.
     let a2 = guest_a.clone();
     let receiver = std::thread::spawn(move || {
-        let mut got = Vec::new();
-        let t = Instant::now();
-        while got.len() < N as usize {
-            assert!(t.elapsed() < LONG, "A received {} of {N}", got.len());
+        receive_n(N, "A", |got| {
             a2.wait_raw(Duration::from_millis(100)).unwrap();
-            a2.recv_raw(&mut got, usize::MAX).unwrap();
-        }
-        got
+            a2.recv_raw(got, usize::MAX).unwrap();
+        })
     });
     let t = Instant::now();
     for n in 0..N {
@@ -104,13 +111,10 @@ fn exchange(features: u64, name: &str) {
         }
         guest_a
     });
-    let mut got = Vec::new();
-    let t = Instant::now();
-    while got.len() < N as usize {
-        assert!(t.elapsed() < LONG, "B received {} of {N}", got.len());
+    let got = receive_n(N, "B", |got| {
         net_b.wait(Duration::from_millis(100)).unwrap();
-        net_b.recv_frames(&mut got, usize::MAX).unwrap();
-    }
+        net_b.recv_frames(got, usize::MAX).unwrap();
+    });
     for (n, f) in got.iter().enumerate() {
         assert_eq!(*f, frame(A, B, n as u32, 60 + (n * 7) % 1400), "frame {n}");
     }

@@ -77,6 +77,24 @@ fn serve_must_fail(args: &[String]) -> String {
 /// A `svnic serve` process, killed when dropped if still running.
 struct Serve(Child);
 
+impl Serve {
+    /// Spawns `cmd` (a `svnic serve` command line) with `RUST_LOG=log` and its output
+    /// discarded, and waits until each of `sockets` exists.
+    fn spawn(cmd: &mut Command, log: &str, sockets: &[&Path]) -> Serve {
+        let child = cmd
+            .env("RUST_LOG", log)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let serve = Serve(child);
+        for p in sockets {
+            wait_for(p);
+        }
+        serve
+    }
+}
+
 impl Drop for Serve {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -210,8 +228,8 @@ fn serve_answers_ctl_and_shuts_down_cleanly_on_sigterm() {
         dir.join("vm2.sock"),
         dir.join("admin.sock"),
     );
-    let child = Command::new(BIN)
-        .arg("serve")
+    let mut cmd = Command::new(BIN);
+    cmd.arg("serve")
         .arg("--guest")
         .arg(format!(
             "name=vm1,socket={},mac=52:54:00:c1:00:01,channels=4",
@@ -225,16 +243,8 @@ fn serve_answers_ctl_and_shuts_down_cleanly_on_sigterm() {
         .arg("--admin-socket")
         .arg(&admin)
         .arg("--workers")
-        .arg("2")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut serve = Serve(child);
-    for p in [&s1, &s2, &admin] {
-        wait_for(p);
-    }
+        .arg("2");
+    let mut serve = Serve::spawn(&mut cmd, "warn", &[&s1, &s2, &admin]);
     // A host-process guest connects and creates a channel.
     let g = HostGuest::connect(&s1, 32 << 20).unwrap();
     let ch = g.create_channel(5, 256, Duration::from_secs(10)).unwrap();
@@ -287,8 +297,8 @@ fn sockets_get_their_modes_whatever_the_umask_and_allow_lists_refuse_other_uids(
     let s1 = std::env::temp_dir().join(format!("svnic-cli-{}-vm1.sock", std::process::id()));
     let (s2, admin) = (dir.join("vm2.sock"), dir.join("admin.sock"));
     // Under umask 000 a socket bound the usual way would be 0777.
-    let child = Command::new("sh")
-        .arg("-c")
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
         .arg("umask 000; exec \"$0\" \"$@\"")
         .arg(BIN)
         .arg("serve")
@@ -304,16 +314,8 @@ fn sockets_get_their_modes_whatever_the_umask_and_allow_lists_refuse_other_uids(
         ))
         .arg("--admin-socket")
         .arg(&admin)
-        .args(["--admin-socket-mode", "0666", "--workers", "1"])
-        .env("RUST_LOG", "off")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut serve = Serve(child);
-    for p in [&s1, &s2, &admin] {
-        wait_for(p);
-    }
+        .args(["--admin-socket-mode", "0666", "--workers", "1"]);
+    let mut serve = Serve::spawn(&mut cmd, "off", &[&s1, &s2, &admin]);
     assert_eq!(
         (mode_of(&s1), mode_of(&s2), mode_of(&admin)),
         (0o600, 0o666, 0o666)

@@ -10,7 +10,9 @@ use svnic_tests::net_frontend::{NetFrontend, FREE, MEM_SIZE, RX, TX, WANTED_FEAT
 use svnic_tests::raw_frontend::{flags, mem_table, req, MemRegion, Sealing};
 use svnic_tests::virtqueue::{Desc, SplitQueue, DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE};
 
-use super::super::{broadcast_from_a, polite_evil, SETTLE};
+use super::super::{
+    broadcast_from_a, evil_up_to_features, polite_evil, settle_then_assert_unharmed, SETTLE,
+};
 
 fn desc(addr: u64, len: u32, flags: u16, next: u16) -> Desc {
     Desc {
@@ -80,11 +82,7 @@ fn cve_2018_1059_ring_addresses_leaving_memory() {
         (MEM_SIZE - 16, 0x2_1000, 0x2_2000),
         (u64::MAX - 4095, u64::MAX - 1023, u64::MAX - 511),
     ] {
-        let mut f = NetFrontend::connect(&arena.socket("evil"), Sealing::Sealed).unwrap();
-        f.negotiate().unwrap();
-        f.early_enable().unwrap();
-        f.set_features(f.offered_features & WANTED_FEATURES)
-            .unwrap();
+        let mut f = evil_up_to_features(&arena);
         f.set_mem_table().unwrap();
         let q = &mut f.queues[usize::from(TX)];
         (q.desc, q.avail, q.used) = (desc_gpa, avail_gpa, used_gpa);
@@ -92,8 +90,7 @@ fn cve_2018_1059_ring_addresses_leaving_memory() {
         let _ = f.kick(TX);
         std::thread::sleep(Duration::from_millis(50));
     }
-    std::thread::sleep(SETTLE);
-    arena.assert_unharmed(before, Bounds::default());
+    settle_then_assert_unharmed(arena, before);
 }
 
 /// CVE-2020-10722/10726: lengths at the u32 limit, addresses at the u64 limit, and chains whose
@@ -203,8 +200,7 @@ fn cve_2020_10724_memory_table_changed_while_rings_run() {
         let _ = f.kick(RX);
     }
     let _ = f.raw.sync();
-    std::thread::sleep(SETTLE);
-    arena.assert_unharmed(before, Bounds::default());
+    settle_then_assert_unharmed(arena, before);
 }
 
 /// CVE-2020-10725: memory tables whose regions overlap (in guest-physical or frontend
@@ -249,8 +245,7 @@ fn cve_2020_10725_overlapping_memory_regions() {
         let _ = f.send_frame(&[0u8; 60]);
         let _ = f.raw.sync();
     }
-    std::thread::sleep(SETTLE);
-    arena.assert_unharmed(before, Bounds::default());
+    settle_then_assert_unharmed(arena, before);
 }
 
 /// CVE-2022-2132: the same memory announced as two regions (two mappings in the backend), and
@@ -258,11 +253,7 @@ fn cve_2020_10725_overlapping_memory_regions() {
 #[test]
 fn cve_2022_2132_buffers_straddling_two_regions() {
     let arena = Arena::start("hostile-cve2022", 0);
-    let mut f = NetFrontend::connect(&arena.socket("evil"), Sealing::Sealed).unwrap();
-    f.negotiate().unwrap();
-    f.early_enable().unwrap();
-    f.set_features(f.offered_features & WANTED_FEATURES)
-        .unwrap();
+    let mut f = evil_up_to_features(&arena);
     let whole = f.mem.region();
     let seam = MEM_SIZE / 2;
     let first = MemRegion {

@@ -13,7 +13,7 @@ use svnic_tests::raw_frontend::{
 };
 use svnic_tests::virtqueue::Desc;
 
-use super::super::{polite_evil, SETTLE};
+use super::super::{evil_up_to_features, polite_evil, settle_then_assert_unharmed, SETTLE};
 
 /// Attack 1: the memfd behind the memory table shrinks to nothing before the rings are set up;
 /// SET_VRING_ADDR makes the backend read the used ring.
@@ -154,11 +154,7 @@ fn attack_03_a_thousand_memory_regions_added() {
 #[test]
 fn attack_05_a_blocking_pipe_as_call_fd() {
     let arena = Arena::start("hostile-a05", 0);
-    let mut f = NetFrontend::connect(&arena.socket("evil"), Sealing::Sealed).unwrap();
-    f.negotiate().unwrap();
-    f.early_enable().unwrap();
-    f.set_features(f.offered_features & WANTED_FEATURES)
-        .unwrap();
+    let mut f = evil_up_to_features(&arena);
     f.set_mem_table().unwrap();
     f.setup_vring(RX).unwrap();
     let pipe = Pipe::small().unwrap();
@@ -270,6 +266,5 @@ fn memory_tables_with_lying_region_counts() {
         );
         let _ = f.raw.sync();
     }
-    std::thread::sleep(SETTLE);
-    arena.assert_unharmed(before, Bounds::default());
+    settle_then_assert_unharmed(arena, before);
 }

@@ -3,12 +3,14 @@
 
 use std::time::Duration;
 
-use svnic_tests::arena::{Arena, Bounds};
-use svnic_tests::net_frontend::{NetFrontend, FREE, RX, TX, WANTED_FEATURES};
-use svnic_tests::raw_frontend::{req, vring_state, Sealing};
+use svnic_tests::arena::Arena;
+use svnic_tests::net_frontend::{FREE, RX, TX};
+use svnic_tests::raw_frontend::{req, vring_state};
 use svnic_tests::virtqueue::{Desc, DESC_F_WRITE};
 
-use super::super::{broadcast_from_a, polite_evil, SETTLE};
+use super::super::{
+    broadcast_from_a, evil_up_to_features, polite_evil, settle_then_assert_unharmed,
+};
 
 /// `avail.idx` far ahead of what was consumed (a whole ring and more, and "behind"), with
 /// ring entries naming descriptors past the table, on TX and RX.
@@ -33,8 +35,7 @@ fn cve_2024_11614_available_index_far_ahead() {
         broadcast_from_a(&arena, u64::from(idx));
         std::thread::sleep(Duration::from_millis(50));
     }
-    std::thread::sleep(SETTLE);
-    arena.assert_unharmed(before, Bounds::default());
+    settle_then_assert_unharmed(arena, before);
 }
 
 /// SET_VRING_NUM 0, not a power of two, larger than the maximum, past u16; then the ring is set
@@ -54,11 +55,7 @@ fn cve_2024_11614_bogus_ring_sizes() {
         1 << 20,
         u32::MAX,
     ] {
-        let mut f = NetFrontend::connect(&arena.socket("evil"), Sealing::Sealed).unwrap();
-        f.negotiate().unwrap();
-        f.early_enable().unwrap();
-        f.set_features(f.offered_features & WANTED_FEATURES)
-            .unwrap();
+        let mut f = evil_up_to_features(&arena);
         f.set_mem_table().unwrap();
         let _ = f.setup_vring(RX);
         let _ = f.setup_vring(TX);
@@ -75,8 +72,7 @@ fn cve_2024_11614_bogus_ring_sizes() {
         broadcast_from_a(&arena, u64::from(num));
         std::thread::sleep(Duration::from_millis(50));
     }
-    std::thread::sleep(SETTLE);
-    arena.assert_unharmed(before, Bounds::default());
+    settle_then_assert_unharmed(arena, before);
 }
 
 /// SET_VRING_BASE with values a u16 ring index cannot hold, or far from the driver's index,
@@ -86,11 +82,7 @@ fn cve_2024_11614_absurd_ring_bases_and_indices() {
     let arena = Arena::start("hostile-cve2024-base", 0);
     let before = arena.footprint();
     for base in [0x8000u32, 0xffff, 0x1_0000, u32::MAX] {
-        let mut f = NetFrontend::connect(&arena.socket("evil"), Sealing::Sealed).unwrap();
-        f.negotiate().unwrap();
-        f.early_enable().unwrap();
-        f.set_features(f.offered_features & WANTED_FEATURES)
-            .unwrap();
+        let mut f = evil_up_to_features(&arena);
         f.set_mem_table().unwrap();
         for q in [RX, TX] {
             let _ = f.setup_vring(q);
@@ -125,6 +117,5 @@ fn cve_2024_11614_absurd_ring_bases_and_indices() {
         broadcast_from_a(&arena, u64::from(base));
         std::thread::sleep(Duration::from_millis(50));
     }
-    std::thread::sleep(SETTLE);
-    arena.assert_unharmed(before, Bounds::default());
+    settle_then_assert_unharmed(arena, before);
 }

@@ -601,5 +601,4 @@ impl Response {
 }
 
 #[cfg(test)]
-#[path = "protocol_tests.rs"]
 mod tests;

@@ -43,24 +43,8 @@ fn hostile_requests_get_failures_and_the_agent_carries_on() {
     raw.send(Request::Destroy { token: 7, channel });
     assert_eq!(raw.failure(), (7, AgentFailure::NotYourChannel));
     // Quotas: 3 per application, 5 in all.
-    for t in 10..12 {
-        assert!(matches!(other.create(t, t), Response::Success { .. }));
-    }
-    other.send(Request::Create {
-        token: 12,
-        endpoint: 12,
-        ring_size: 256,
-    });
-    assert_eq!(other.failure(), (12, AgentFailure::TooManyChannels));
-    for t in 20..22 {
-        assert!(matches!(raw.create(t, t), Response::Success { .. }));
-    }
-    raw.send(Request::Create {
-        token: 22,
-        endpoint: 22,
-        ring_size: 256,
-    });
-    assert_eq!(raw.failure(), (22, AgentFailure::TooManyChannels));
+    fill_quota(&other, 10..12);
+    fill_quota(&raw, 20..22);
     // A destroy of a channel that does not exist.
     raw.send(Request::Destroy {
         token: 30,
@@ -93,4 +77,19 @@ fn frames_that_are_not_the_engines_are_ignored() {
     let waiter = client.waiter(&ch).unwrap();
     assert!(!waiter.wait_for_wake(Duration::from_millis(20)).unwrap());
     assert_eq!(h.status().wakes, 0);
+}
+
+/// Creates a channel for each token of `tokens` (endpoint = token), then finds the next one
+/// refused for the quota.
+fn fill_quota(raw: &Raw, tokens: std::ops::Range<u32>) {
+    let next = tokens.end;
+    for t in tokens {
+        assert!(matches!(raw.create(t, t), Response::Success { .. }));
+    }
+    raw.send(Request::Create {
+        token: next,
+        endpoint: next,
+        ring_size: 256,
+    });
+    assert_eq!(raw.failure(), (next, AgentFailure::TooManyChannels));
 }

@@ -158,10 +158,7 @@ fn an_application_that_dies_has_its_channels_destroyed_before_the_memory_is_free
     let a = client.create_channel(1, 256, LONG).unwrap();
     let b = client.create_channel(2, 64, LONG).unwrap();
     let ids = [ChannelId(a.id()), ChannelId(b.id())];
-    h.engine.behave(Behaviour {
-        hold_destroys: true,
-        ..Default::default()
-    });
+    h.engine.behave(holding_destroys());
     // The "crash": the connection closes with the channels live.
     drop((a, b, client));
     wait_until("both destroy frames", || {

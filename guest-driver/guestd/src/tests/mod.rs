@@ -61,6 +61,14 @@ struct Behaviour {
     stale: HashSet<u32>,
 }
 
+/// Destroys held until released.
+fn holding_destroys() -> Behaviour {
+    Behaviour {
+        hold_destroys: true,
+        ..Default::default()
+    }
+}
+
 enum Cmd {
     Behave(Behaviour, Sender<()>),
     Release,

@@ -74,10 +74,7 @@ fn the_uids_channel_quota_refuses_naming_the_limit_until_the_engine_acknowledged
     b.try_create(1, 4).unwrap();
 
     // Destroyed but not acknowledged: still charged.
-    h.engine.behave(Behaviour {
-        hold_destroys: true,
-        ..Default::default()
-    });
+    h.engine.behave(holding_destroys());
     destroy(&a1, 3, first);
     wait_until("the destroy frame", || {
         h.engine.seen(|s| s.destroys.contains(&first))
@@ -133,10 +130,7 @@ fn a_killed_client_keeps_its_uid_charged_until_the_engine_acknowledged_and_then_
     let free = h.memory.free_bytes();
     doomed.try_create(1, 1).unwrap();
     doomed.try_create(2, 2).unwrap();
-    h.engine.behave(Behaviour {
-        hold_destroys: true,
-        ..Default::default()
-    });
+    h.engine.behave(holding_destroys());
     drop(doomed);
     wait_until("both destroy frames", || {
         h.engine.seen(|s| s.destroys.len() == 2)
@@ -200,10 +194,7 @@ fn a_first_come_endpoint_is_its_uids_until_the_engine_acknowledged_the_destroy()
         "{detail}"
     );
     // Between A's destroy and the engine's acknowledgement, B still cannot step in.
-    h.engine.behave(Behaviour {
-        hold_destroys: true,
-        ..Default::default()
-    });
+    h.engine.behave(holding_destroys());
     destroy(&a, 2, ch);
     wait_until("the destroy frame", || {
         h.engine.seen(|s| s.destroys.contains(&ch))

@@ -16,7 +16,9 @@ use svnic_channels::layout::{header, DEFAULT_REGION_LEN};
 use svnic_channels::{ChannelId, ChannelLayout, FailureReason, MacAddr, SharedRegion};
 
 use super::*;
-use crate::virtio_user::test_device::{pair, TestDevice, BASE, EVENT_IDX, MAC, MRG_RXBUF};
+use crate::virtio_user::virtio_net::test_device::{
+    pair, TestDevice, BASE, EVENT_IDX, MAC, MRG_RXBUF,
+};
 use svnic_client::channel::Waiter;
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -37,6 +39,14 @@ struct Behaviour {
     hold_answers: bool,
     refuse_destroy: bool,
     paused: bool,
+}
+
+/// Answers held until released.
+fn holding_answers() -> Behaviour {
+    Behaviour {
+        hold_answers: true,
+        ..Behaviour::default()
+    }
 }
 
 enum Cmd {
@@ -288,10 +298,7 @@ fn parameters_are_checked_before_asking_the_engine() {
 
 #[test]
 fn begin_create_is_non_blocking_and_state_follows_the_answers() {
-    let b = Behaviour {
-        hold_answers: true,
-        ..Behaviour::default()
-    };
+    let b = holding_answers();
     let (client, engine) = setup(b);
     let mut pending = client.begin_create(5, 64, DEFAULT_REGION_LEN).unwrap();
     // The engine saw the request and answered Pending; the final answer is held.
@@ -319,10 +326,7 @@ fn begin_create_is_non_blocking_and_state_follows_the_answers() {
 
 #[test]
 fn a_timed_out_create_is_destroyed_when_the_engine_finally_answers() {
-    let b = Behaviour {
-        hold_answers: true,
-        ..Behaviour::default()
-    };
+    let b = holding_answers();
     let (client, engine) = setup(b);
     let free = client.memory().free_bytes();
     assert!(matches!(
@@ -349,10 +353,7 @@ fn a_destroy_frees_the_region_only_when_acknowledged() {
     let (client, engine) = setup(Behaviour::default());
     let free = client.memory().free_bytes();
     let ch = client.create_channel(3, 64, LONG).unwrap();
-    engine.behave(Behaviour {
-        hold_answers: true,
-        ..Behaviour::default()
-    });
+    engine.behave(holding_answers());
     assert!(matches!(
         client.destroy_channel(ch, Duration::from_millis(50)),
         Err(ClientError::Timeout {

@@ -35,9 +35,6 @@ pub mod split_ring;
 pub mod vhost_setup;
 pub mod virtio_net;
 
-#[cfg(test)]
-pub(crate) mod test_device;
-
 pub use allocator::{AllocError, RangeAllocator};
 pub use error::{NetDeviceError, VirtioUserError};
 pub use memory::{MemfdMemory, MemoryError, DEFAULT_MEMORY_SIZE, REGION_ALIGN};

@@ -528,5 +528,4 @@ impl SplitRing {
 }
 
 #[cfg(test)]
-#[path = "split_ring_tests.rs"]
-mod tests;
+pub(crate) mod tests;

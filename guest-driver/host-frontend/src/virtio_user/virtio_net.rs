@@ -457,5 +457,6 @@ impl VirtioNet {
 }
 
 #[cfg(test)]
-#[path = "virtio_net_tests.rs"]
+pub(crate) mod test_device;
+#[cfg(test)]
 mod tests;

@@ -27,8 +27,8 @@ fn buffer(id: u16) -> u64 {
     BUFFERS + u64::from(id) * BUF
 }
 
-/// virtio-queue's device side over the same rings.
-fn device(l: RingLayout, event_idx: bool) -> Queue {
+/// virtio-queue's device side over the same rings (also the device of `virtio_net`'s tests).
+pub(crate) fn device(l: RingLayout, event_idx: bool) -> Queue {
     let mut q = Queue::new(l.size).unwrap();
     q.set_size(l.size);
     q.set_desc_table_address(Some(l.desc as u32), Some((l.desc >> 32) as u32));

@@ -16,12 +16,12 @@ use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::memory::MemfdMemory;
-use super::net_header::NET_HDR_LEN;
-use super::notifier::{CallWaiter, QueueEventFds, RX_QUEUE, TX_QUEUE};
-use super::split_ring::RingLayout;
-use super::vhost_setup::{Negotiated, VHOST_USER_F_PROTOCOL_FEATURES};
-use super::virtio_net::VirtioNet;
+use crate::virtio_user::memory::MemfdMemory;
+use crate::virtio_user::net_header::NET_HDR_LEN;
+use crate::virtio_user::notifier::{CallWaiter, QueueEventFds, RX_QUEUE, TX_QUEUE};
+use crate::virtio_user::split_ring::tests::device as queue;
+use crate::virtio_user::vhost_setup::{Negotiated, VHOST_USER_F_PROTOCOL_FEATURES};
+use crate::virtio_user::virtio_net::VirtioNet;
 
 /// VERSION_1 | MAC | PROTOCOL_FEATURES.
 pub const BASE: u64 =
@@ -43,17 +43,6 @@ pub struct TestDevice {
     mrg: bool,
     /// Call notifications sent, by queue.
     pub calls: [u64; 2],
-}
-
-fn queue(l: RingLayout, event_idx: bool) -> Queue {
-    let mut q = Queue::new(l.size).unwrap();
-    q.set_size(l.size);
-    q.set_desc_table_address(Some(l.desc as u32), Some((l.desc >> 32) as u32));
-    q.set_avail_ring_address(Some(l.avail as u32), Some((l.avail >> 32) as u32));
-    q.set_used_ring_address(Some(l.used as u32), Some((l.used >> 32) as u32));
-    q.set_event_idx(event_idx);
-    q.set_ready(true);
-    q
 }
 
 /// A driver and a device over one memfd memory of `mem_mib` MiB.

@@ -1,7 +1,10 @@
-//! Test support: fake guests, each with its own guest memory (vm-memory over anonymous mappings),
-//! whose channels are driven by the real client library (`svnic_client::Channel`), touching the
-//! rings only as a guest would.
-#![allow(dead_code, clippy::unwrap_used)]
+//! Fake guests on an in-process [`Engine`]: each with its own guest memory (vm-memory over
+//! anonymous mappings), whose channels are driven by the real client library
+//! ([`svnic_client::Channel`]), touching the rings only as a guest would. Used by the backend's
+//! engine tests and its engine bench.
+#![allow(clippy::unwrap_used)]
+
+pub use crate::wait::wait_until;
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -14,10 +17,11 @@ use svnic_channels::{
 };
 use svnic_client::{Channel, Doorbell, Waiter};
 use svnic_control_plane::{CreateRequest, GuestId, GuestPolicy};
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 /// Doorbell that calls the engine directly (what the backend does on a doorbell frame).
+#[derive(Debug)]
 pub struct EngineDoorbell(pub Engine);
 
 impl Doorbell for EngineDoorbell {
@@ -27,9 +31,11 @@ impl Doorbell for EngineDoorbell {
 }
 
 /// An eventfd the engine signals (GuestWaker) and the client blocks on (Waiter).
+#[derive(Debug)]
 pub struct EventWaker(pub EventFd);
 
 impl EventWaker {
+    /// A new non-blocking eventfd, shared.
     pub fn new() -> Arc<Self> {
         Arc::new(EventWaker(EventFd::new(EFD_NONBLOCK).unwrap()))
     }
@@ -55,6 +61,7 @@ impl Waiter for EventWaker {
     }
 }
 
+/// An engine of `workers` workers, otherwise the default configuration.
 pub fn engine(workers: usize) -> Engine {
     Engine::new(EngineConfig {
         workers,
@@ -73,15 +80,21 @@ pub fn engine_with_wait(workers: usize, backpressure_wait: Duration) -> Engine {
     .unwrap()
 }
 
+/// The MAC address of fake guest `n`.
 pub fn mac(n: u8) -> MacAddr {
     MacAddr([0x52, 0x54, 0, 0, 0, n])
 }
 
 /// A fake guest: memory, policy, a waker; hands out channel regions from its memory.
+#[derive(Debug)]
 pub struct FakeGuest {
+    /// Its id in the engine.
     pub id: GuestId,
+    /// Its MAC address ([`mac`] of its number).
     pub mac: MacAddr,
+    /// Its memory.
     pub mem: Arc<GuestMemoryMmap>,
+    /// What the engine wakes and its channels wait on.
     pub waker: Arc<EventWaker>,
     engine: Engine,
     next_region: u64,
@@ -89,10 +102,12 @@ pub struct FakeGuest {
 }
 
 impl FakeGuest {
+    /// Guest `n` with `mem_mib` MiB of memory and the default policy, added to `engine`.
     pub fn new(engine: &Engine, n: u8, mem_mib: u64) -> Self {
         Self::with_policy(engine, n, mem_mib, |_| {})
     }
 
+    /// As [`FakeGuest::new`], with the policy changed by `tweak` first.
     pub fn with_policy(
         engine: &Engine,
         n: u8,
@@ -124,6 +139,7 @@ impl FakeGuest {
         }
     }
 
+    /// The address of this guest's channel at `endpoint`.
     pub fn addr(&self, endpoint: u32) -> ChannelAddr {
         ChannelAddr {
             mac: self.mac,
@@ -139,6 +155,7 @@ impl FakeGuest {
         a
     }
 
+    /// A create request for a channel at `endpoint` in the given region.
     pub fn request(
         &self,
         endpoint: u32,
@@ -162,9 +179,18 @@ impl FakeGuest {
         ring_size: u32,
         len: u64,
     ) -> Result<Channel, FailureReason> {
+        self.open_region(endpoint, ring_size, len).map(|(ch, _)| ch)
+    }
+
+    /// As [`FakeGuest::open_with`]; also returns the guest address of the channel's region.
+    pub fn open_region(
+        &mut self,
+        endpoint: u32,
+        ring_size: u32,
+        len: u64,
+    ) -> Result<(Channel, u64), FailureReason> {
         let doorbell = Arc::new(EngineDoorbell(self.engine.clone()));
         self.open_with_doorbell(endpoint, ring_size, len, doorbell)
-            .map(|(ch, _)| ch)
     }
 
     /// As [`FakeGuest::open_with`], with the client ringing `doorbell`; also returns the guest
@@ -183,10 +209,28 @@ impl FakeGuest {
         Ok((self.attach_with(addr, len, endpoint, doorbell), addr))
     }
 
+    /// Creates a channel (`ring_size` slots) at `endpoint` in the region at `addr` again, over
+    /// memory zeroed first (what a fresh region looks like); its id and the client side.
+    pub fn recreate_at(
+        &self,
+        endpoint: u32,
+        ring_size: u32,
+        addr: u64,
+        len: u64,
+    ) -> (ChannelId, Channel) {
+        let zeros = vec![0u8; usize::try_from(len).unwrap()];
+        self.mem.write_slice(&zeros, GuestAddress(addr)).unwrap();
+        let req = self.request(endpoint, ring_size, addr, len);
+        let info = self.engine.create_channel(self.id, &req).unwrap();
+        (info.id, self.attach(addr, len, endpoint))
+    }
+
+    /// A channel at `endpoint` with 256 slots in a default-size region.
     pub fn open(&mut self, endpoint: u32) -> Channel {
         self.open_with(endpoint, 256, DEFAULT_REGION_LEN).unwrap()
     }
 
+    /// The client side of the channel at `addr`, ringing the engine directly.
     pub fn attach(&self, addr: u64, len: u64, endpoint: u32) -> Channel {
         let doorbell = Arc::new(EngineDoorbell(self.engine.clone()));
         self.attach_with(addr, len, endpoint, doorbell)
@@ -243,17 +287,5 @@ pub fn send_user_blocking(ch: &mut Channel, dest: ChannelAddr, cookie: u64, data
         ch.flush().unwrap();
         assert!(Instant::now() < deadline, "TX ring stayed full");
         std::thread::yield_now();
-    }
-}
-
-/// Polls `cond` until it holds or `timeout` passes (then panics: the test failed).
-pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(
-            Instant::now() < deadline,
-            "condition not reached within {timeout:?}"
-        );
-        std::thread::sleep(Duration::from_millis(1));
     }
 }

@@ -2,17 +2,16 @@
 //! wakes, and the frames a guest must not be able to use.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::sync::{Arc, Mutex};
 
-use support::*;
 use svnic_backend::frame_handler::{FrameHandler, FrameOut};
-use svnic_channels::frame::{
-    ControlOp, ControlRequest, ControlStatus, CreateRequest, Frame, FrameBody,
-};
+use svnic_backend::Engine;
+use svnic_channels::frame::{ControlOp, ControlStatus, Frame, FrameBody};
 use svnic_channels::{ChannelId, FailureReason, MacAddr};
 use svnic_control_plane::GuestId;
+use svnic_tests::fake_guest::*;
+use svnic_tests::frames::{control_request as request, create_op as create};
+use svnic_tests::logs;
 
 #[derive(Default)]
 struct Recorder(Mutex<Vec<(GuestId, Vec<u8>)>>);
@@ -47,37 +46,17 @@ impl Recorder {
     }
 }
 
-fn request(src: MacAddr, request_id: u32, op: ControlOp) -> Vec<u8> {
-    Frame {
-        dst: MacAddr::ENGINE,
-        src,
-        body: FrameBody::ControlRequest(ControlRequest { request_id, op }),
-    }
-    .encode()
-    .unwrap()
-}
-
-fn create(
-    mac: MacAddr,
-    endpoint: u32,
-    ring_size: u32,
-    region_addr: u64,
-    region_len: u64,
-) -> ControlOp {
-    ControlOp::Create(CreateRequest {
-        mac,
-        endpoint,
-        ring_size,
-        region_addr,
-        region_len,
-    })
+/// An engine of one worker and a control path in front of it that records what it answers.
+fn frame_handler() -> (Engine, Arc<Recorder>, Arc<FrameHandler>) {
+    let engine = engine(1);
+    let out = Arc::new(Recorder::default());
+    let cp = FrameHandler::new(engine.clone(), out.clone());
+    (engine, out, cp)
 }
 
 #[test]
 fn create_answers_pending_then_success_from_the_engine_mac() {
-    let engine = engine(1);
-    let out = Arc::new(Recorder::default());
-    let cp = FrameHandler::new(engine.clone(), out.clone());
+    let (engine, out, cp) = frame_handler();
     let g = FakeGuest::new(&engine, 1, 8);
     cp.handle(g.id, &request(g.mac, 7, create(g.mac, 3, 256, 0, 2 << 20)));
     let frames = out.take();
@@ -108,9 +87,7 @@ fn create_answers_pending_then_success_from_the_engine_mac() {
 
 #[test]
 fn each_refusal_is_a_failure_with_its_reason() {
-    let engine = engine(1);
-    let out = Arc::new(Recorder::default());
-    let cp = FrameHandler::new(engine.clone(), out.clone());
+    let (engine, out, cp) = frame_handler();
     let g = FakeGuest::with_policy(&engine, 1, 8, |p| p.max_channels = 1);
     let mb = 1u64 << 20;
     cp.handle(g.id, &request(g.mac, 1, create(g.mac, 1, 100, 0, mb)));
@@ -149,9 +126,7 @@ fn each_refusal_is_a_failure_with_its_reason() {
 
 #[test]
 fn a_malformed_request_is_answered_bad_request_and_garbage_is_dropped() {
-    let engine = engine(1);
-    let out = Arc::new(Recorder::default());
-    let cp = FrameHandler::new(engine.clone(), out.clone());
+    let (engine, out, cp) = frame_handler();
     let g = FakeGuest::new(&engine, 1, 8);
     let mut bytes = request(g.mac, 9, create(g.mac, 1, 64, 0, 1 << 20));
     bytes[18 + 5] = 0x7f; // an unknown op
@@ -174,9 +149,7 @@ fn a_malformed_request_is_answered_bad_request_and_garbage_is_dropped() {
 
 #[test]
 fn a_guest_cannot_speak_for_another_guest() {
-    let engine = engine(1);
-    let out = Arc::new(Recorder::default());
-    let cp = FrameHandler::new(engine.clone(), out.clone());
+    let (engine, out, cp) = frame_handler();
     let ga = FakeGuest::new(&engine, 1, 8);
     let gb = FakeGuest::new(&engine, 2, 8);
     // A spoofs B's MAC as source: dropped, nothing created, nothing answered.
@@ -227,9 +200,7 @@ fn a_guest_cannot_speak_for_another_guest() {
 
 #[test]
 fn the_waker_sends_wake_frames_to_the_guest() {
-    let engine = engine(1);
-    let out = Arc::new(Recorder::default());
-    let cp = FrameHandler::new(engine.clone(), out.clone());
+    let (engine, out, cp) = frame_handler();
     let g = FakeGuest::new(&engine, 1, 8);
     cp.waker(g.id, g.mac).wake(ChannelId(5));
     let frames = out.take();
@@ -245,51 +216,20 @@ fn the_waker_sends_wake_frames_to_the_guest() {
 
 /// Log lines written on the current test's thread, captured at every level.
 fn lines_of_this_test() -> Vec<(log::Level, String)> {
-    let name = std::thread::current().name().map(str::to_owned);
-    CAPTURE
-        .lines
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|(thread, _, _)| *thread == name)
-        .map(|(_, level, msg)| (*level, msg.clone()))
+    logs::of_this_thread()
+        .into_iter()
+        .map(|l| (l.level, l.text))
         .collect()
 }
 
-struct Capture {
-    lines: Mutex<Vec<(Option<String>, log::Level, String)>>,
-}
-
-static CAPTURE: Capture = Capture {
-    lines: Mutex::new(Vec::new()),
-};
-
-impl log::Log for Capture {
-    fn enabled(&self, _: &log::Metadata) -> bool {
-        true
-    }
-    fn log(&self, record: &log::Record) {
-        let thread = std::thread::current().name().map(str::to_owned);
-        let line = (thread, record.level(), record.args().to_string());
-        self.lines.lock().unwrap().push(line);
-    }
-    fn flush(&self) {}
-}
-
 fn capture_logs() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        log::set_logger(&CAPTURE).unwrap();
-        log::set_max_level(log::LevelFilter::Trace);
-    });
+    logs::capture(log::LevelFilter::Trace);
 }
 
 #[test]
 fn a_create_fail_loop_is_rate_limited_counted_and_kept_out_of_the_info_log() {
     capture_logs();
-    let engine = engine(1);
-    let out = Arc::new(Recorder::default());
-    let cp = FrameHandler::new(engine.clone(), out.clone());
+    let (engine, out, cp) = frame_handler();
     let g = FakeGuest::with_policy(&engine, 1, 8, |p| {
         p.create_burst = 4;
         p.creates_per_sec = 1;

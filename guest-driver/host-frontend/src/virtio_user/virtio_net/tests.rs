@@ -3,9 +3,9 @@
 
 use std::time::{Duration, Instant};
 
+use super::test_device::{pair, BASE, EVENT_IDX, MRG_RXBUF};
 use super::*;
 use crate::virtio_user::split_ring::RingError;
-use crate::virtio_user::test_device::{pair, BASE, EVENT_IDX, MRG_RXBUF};
 use virtio_queue::QueueT;
 
 fn frame(n: usize, len: usize) -> Vec<u8> {
@@ -27,7 +27,7 @@ fn frames_go_both_ways_with_every_feature_set() {
         BASE | EVENT_IDX | MRG_RXBUF,
     ] {
         let (mut net, mut dev) = pair(features, 16, 8);
-        assert_eq!(net.mac(), crate::virtio_user::test_device::MAC);
+        assert_eq!(net.mac(), super::test_device::MAC);
         // Every RX buffer was posted at setup.
         assert_eq!(dev.rx_available(), 16);
         let sent: Vec<Vec<u8>> = (0..10).map(|i| frame(i, 60 + i * 100)).collect();
@@ -293,7 +293,7 @@ fn bad_queue_sizes_are_refused() {
         let waiter = CallWaiter::new(&fds, None).unwrap();
         let neg = Negotiated {
             features: BASE,
-            mac: crate::virtio_user::test_device::MAC,
+            mac: super::test_device::MAC,
             link_up: None,
         };
         assert!(matches!(
