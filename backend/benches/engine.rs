@@ -52,6 +52,7 @@ use std::hint::black_box;
 use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+use svnic_client::Completions;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use svnic_backend::{allowed_cpus, pin_to_cpu, Engine, EngineConfig, Placement};
@@ -197,7 +198,11 @@ fn forward(pairs: &mut [Pair], n: u64, out: &mut Vec<Message>) -> Duration {
     while left > 0 {
         let before = left;
         for (i, p) in pairs.iter_mut().enumerate() {
-            while sent[i] < target[i] && p.tx.send_user(p.dest, sent[i], &PAYLOAD, false).unwrap() {
+            while sent[i] < target[i]
+                && p.tx
+                    .send_user(p.dest, sent[i], &PAYLOAD, Completions::OnError)
+                    .unwrap()
+            {
                 sent[i] += 1;
             }
             p.tx.flush().unwrap();
@@ -348,7 +353,10 @@ fn rx_head(p: &Pair) -> u32 {
 fn queue_burst(p: &mut Pair, burst: u64) -> u32 {
     let base = rx_head(p);
     for i in 0..burst {
-        assert!(p.tx.send_user(p.dest, i, &PAYLOAD, false).unwrap());
+        assert!(p
+            .tx
+            .send_user(p.dest, i, &PAYLOAD, Completions::OnError)
+            .unwrap());
     }
     base
 }

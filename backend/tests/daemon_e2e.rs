@@ -5,6 +5,7 @@
 
 use std::path::Path;
 use std::time::{Duration, Instant};
+use svnic_client::Completions;
 
 use svnic_backend::admin::{AdminRequest, AdminResponse, AdminSource};
 use svnic_backend::config::EngineOverrides;
@@ -133,7 +134,7 @@ fn user_data_and_dma_data_between_two_host_process_guests_intact_and_in_order() 
     let mut got = Vec::new();
     while (got.len() as u64) < n {
         while sent < n
-            && a.send_user(b_addr, sent, &sent.to_le_bytes(), false)
+            && a.send_user(b_addr, sent, &sent.to_le_bytes(), Completions::OnError)
                 .unwrap()
         {
             sent += 1;
@@ -309,7 +310,10 @@ fn a_guest_killed_mid_traffic_is_torn_down_and_can_come_back() {
     let mut sent = 0u64;
     let deadline = Instant::now() + T;
     while sent < 600 {
-        while sent < 600 && a.send_user(b_addr, sent, b"to-b", false).unwrap() {
+        while sent < 600
+            && a.send_user(b_addr, sent, b"to-b", Completions::OnError)
+                .unwrap()
+        {
             sent += 1;
         }
         a.flush().unwrap();
@@ -369,7 +373,7 @@ fn a_guest_killed_mid_traffic_is_torn_down_and_can_come_back() {
         },
         1,
         b"alive",
-        false,
+        Completions::OnError,
     )
     .unwrap();
     a.flush().unwrap();
@@ -377,7 +381,8 @@ fn a_guest_killed_mid_traffic_is_torn_down_and_can_come_back() {
     // The guest comes back on the same socket and gets the same endpoint again.
     let gb = s.guest(2);
     let mut b = gb.create_channel(9, 256, T).unwrap();
-    a.send_user(b_addr, 2, b"again", false).unwrap();
+    a.send_user(b_addr, 2, b"again", Completions::OnError)
+        .unwrap();
     a.flush().unwrap();
     let got = recv(&mut b, &gb, 1);
     assert!(matches!(got[0], Message::UserData(u) if u.data() == b"again"));
@@ -410,7 +415,8 @@ fn garbage_on_a_socket_leaves_the_daemon_serving_the_others() {
     let _ = f.frontend.set_mem_table(&[absurd]);
     drop(f);
     // Guests 1 and 2 are unaffected, and guest 3's socket takes a good frontend afterwards.
-    a.send_user(b.addr(), 1, b"fine", false).unwrap();
+    a.send_user(b.addr(), 1, b"fine", Completions::OnError)
+        .unwrap();
     a.flush().unwrap();
     assert_eq!(recv(&mut b, &g2, 1).len(), 1);
     let g3 = s.guest(3);

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::time::Duration;
+use svnic_client::Completions;
 
 use svnic_backend::{Engine, EngineConfig};
 use svnic_channels::{ChannelId, CompletionStatus, DataRef, Message};
@@ -31,8 +32,13 @@ fn user_data_arrives_intact_and_in_order_across_guests() {
     let mut sent = 0u64;
     while (got.len() as u64) < n {
         while sent < n
-            && a.send_user(gb.addr(20), sent, &sent.to_le_bytes().repeat(5), false)
-                .unwrap()
+            && a.send_user(
+                gb.addr(20),
+                sent,
+                &sent.to_le_bytes().repeat(5),
+                Completions::OnError,
+            )
+            .unwrap()
         {
             sent += 1;
         }
@@ -69,7 +75,9 @@ fn want_completion_gives_ok_completions_for_user_data() {
     let engine = engine(1);
     let (ga, gb, mut a, mut b) = guest_pair(&engine);
     for i in 0..10 {
-        assert!(a.send_user(gb.addr(2), 100 + i, b"x", true).unwrap());
+        assert!(a
+            .send_user(gb.addr(2), 100 + i, b"x", Completions::Always)
+            .unwrap());
     }
     a.flush().unwrap();
     assert_eq!(recv_n(&mut b, &gb.waker, 10, T).len(), 10);
@@ -176,7 +184,8 @@ fn no_route_is_an_error_completion() {
     let mut ga = FakeGuest::new(&engine, 1, 8);
     let gb = FakeGuest::new(&engine, 2, 8);
     let mut a = ga.open(1);
-    a.send_user(gb.addr(99), 7, b"nobody", false).unwrap();
+    a.send_user(gb.addr(99), 7, b"nobody", Completions::OnError)
+        .unwrap();
     a.flush().unwrap();
     assert_one_completion(&mut a, &ga.waker, (7, CompletionStatus::NoRoute, 0));
 }
@@ -274,7 +283,10 @@ fn full_ring_applies_backpressure_then_delivers() {
     // Send as fast as the TX ring allows, receive slowly (4 per 2 ms): the RX ring (16) is far
     // smaller than what is sent, so the engine must hold messages until room appears.
     while (got.len() as u64) < n {
-        while sent < n && a.send_user(gb.addr(2), sent, b"bp", false).unwrap() {
+        while sent < n
+            && a.send_user(gb.addr(2), sent, b"bp", Completions::OnError)
+                .unwrap()
+        {
             sent += 1;
         }
         a.flush().unwrap();
@@ -301,7 +313,8 @@ fn full_ring_for_the_whole_wait_is_an_error_completion() {
     let mut a = ga.open_with(1, 64, 1 << 20).unwrap();
     let _b = gb.open_with(2, 16, 1 << 20).unwrap(); // never polled
     for i in 0..20 {
-        a.send_user(gb.addr(2), i, b"x", false).unwrap();
+        a.send_user(gb.addr(2), i, b"x", Completions::OnError)
+            .unwrap();
     }
     a.flush().unwrap();
     let c = completions(&recv_n(&mut a, &ga.waker, 4, T));
@@ -347,7 +360,8 @@ fn destination_destroyed_while_held_is_destination_gone() {
         (13, CompletionStatus::DestinationGone, 0),
     );
     // Later sends to it have no route.
-    a.send_user(gb.addr(2), 14, b"x", false).unwrap();
+    a.send_user(gb.addr(2), 14, b"x", Completions::OnError)
+        .unwrap();
     a.flush().unwrap();
     assert_one_completion(&mut a, &ga.waker, (14, CompletionStatus::NoRoute, 0));
 }
@@ -362,7 +376,8 @@ fn faulted_destination_is_an_error_completion() {
         engine.run_state(ChannelId(b.id())) == Some(svnic_backend::RunState::Faulted)
     });
     assert!(b.fault().is_some(), "fault recorded in the header");
-    a.send_user(gb.addr(2), 15, b"x", false).unwrap();
+    a.send_user(gb.addr(2), 15, b"x", Completions::OnError)
+        .unwrap();
     a.flush().unwrap();
     assert_one_completion(
         &mut a,
@@ -466,7 +481,10 @@ fn a_channel_is_reachable_as_soon_as_its_creation_succeeds() {
     let streamer = std::thread::spawn(move || {
         let mut out = Vec::new();
         while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
-            while busy.send_user(sink_addr, 0, b"busy", false).unwrap() {}
+            while busy
+                .send_user(sink_addr, 0, b"busy", Completions::OnError)
+                .unwrap()
+            {}
             busy.flush().unwrap();
             out.clear();
             sink.poll(&mut out, 256).unwrap();
@@ -476,7 +494,8 @@ fn a_channel_is_reachable_as_soon_as_its_creation_succeeds() {
     let mut a = ga.open(2);
     for k in 0..60u32 {
         let b = gb.open(100 + k);
-        a.send_user(b.addr(), u64::from(k), b"hello", true).unwrap();
+        a.send_user(b.addr(), u64::from(k), b"hello", Completions::Always)
+            .unwrap();
         a.flush().unwrap();
         assert_eq!(
             one_completion(&mut a, &ga.waker),
@@ -547,11 +566,13 @@ fn a_busy_sender_cannot_starve_another_channel_of_its_worker() {
     for round in 0..3u64 {
         wait_worker_asleep(&engine, &ga, busy_region);
         for i in 0..BURST {
-            assert!(busy.send_user(dest, i, b"b", false).unwrap());
+            assert!(busy.send_user(dest, i, b"b", Completions::OnError).unwrap());
         }
         busy.flush().unwrap();
         let marker = u64::MAX - round;
-        assert!(quiet.send_user(dest, marker, b"q", false).unwrap());
+        assert!(quiet
+            .send_user(dest, marker, b"q", Completions::OnError)
+            .unwrap());
         quiet.flush().unwrap();
         engine.doorbell(svnic_channels::ChannelId(busy.id()));
         let got = recv_n(&mut rx, &gb.waker, BURST as usize + 1, T);

@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::time::{Duration, Instant};
+use svnic_client::Completions;
 
 use svnic_backend::{Engine, EngineConfig};
 use svnic_channels::message::FLAG_COMPLETE;
@@ -157,7 +158,9 @@ fn a_large_message_arrives_once_intact_and_in_order() {
     d.flush().unwrap();
     let large = DataRef { offset: src_a, len };
     assert!(a.send_dma(gd.addr(1), 1, large).unwrap());
-    assert!(a.send_user(gd.addr(1), 2, b"after", false).unwrap());
+    assert!(a
+        .send_user(gd.addr(1), 2, b"after", Completions::OnError)
+        .unwrap());
     let second = DataRef {
         offset: src_b,
         len: small,
@@ -328,7 +331,9 @@ fn a_destination_destroyed_mid_message_fails_it_and_is_not_written_after() {
         // The sender goes on: the next message behind it was not held up for good.
         let mut gd2 = FakeGuest::new(&engine, 3, 8);
         let mut other = gd2.open(1);
-        assert!(a.send_user(gd2.addr(1), 77, b"next", false).unwrap());
+        assert!(a
+            .send_user(gd2.addr(1), 77, b"next", Completions::OnError)
+            .unwrap());
         a.flush().unwrap();
         let got = recv_n(&mut other, &gd2.waker, 1, T);
         assert!(matches!(got.as_slice(), [Message::UserData(u)] if u.cookie == 77));

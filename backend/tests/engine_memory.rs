@@ -6,6 +6,7 @@ use std::fs::File;
 use std::os::fd::FromRawFd;
 use std::sync::Arc;
 use std::time::Duration;
+use svnic_client::Completions;
 
 use svnic_backend::{Engine, GuestWaker, RunState};
 use svnic_channels::{
@@ -138,7 +139,8 @@ fn a_resent_table_over_the_same_pages_keeps_channels_running() {
     // The frontend re-sends its table: new fds, new mappings, same file.
     set_table(&engine, &gb);
     assert_eq!(engine.run_state(ChannelId(b.id())), Some(RunState::Live));
-    a.send_user(gb.addr(2), 5, b"still", false).unwrap();
+    a.send_user(gb.addr(2), 5, b"still", Completions::OnError)
+        .unwrap();
     a.flush().unwrap();
     let got = recv_n(&mut b, &gb.waker, 1, T);
     assert!(matches!(got[0], Message::UserData(u) if u.data() == b"still"));
@@ -157,7 +159,8 @@ fn a_table_over_other_pages_faults_the_channels_it_moved() {
             svnic_channels::FaultReason::MemoryGone
         ))
     );
-    a.send_user(gb.addr(2), 6, b"x", false).unwrap();
+    a.send_user(gb.addr(2), 6, b"x", Completions::OnError)
+        .unwrap();
     a.flush().unwrap();
     let got = recv_n(&mut a, &ga.waker, 1, T);
     assert!(
@@ -189,7 +192,8 @@ fn memory_gone_destroys_channels_and_fails_messages_in_flight_to_them() {
     // B reconnects and creates the same endpoint again.
     let mb2 = set_table(&engine, &gb);
     let mut b2 = open(&engine, &gb, &mb2, 2, 4 << 20);
-    a.send_user(gb.addr(2), 8, b"again", false).unwrap();
+    a.send_user(gb.addr(2), 8, b"again", Completions::OnError)
+        .unwrap();
     a.flush().unwrap();
     assert_eq!(recv_n(&mut b2, &gb.waker, 1, T)[0].cookie(), 8);
 }

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::time::{Duration, Instant};
+use svnic_client::Completions;
 
 use svnic_backend::{Engine, EngineConfig, RunState};
 use svnic_channels::layout::header;
@@ -38,7 +39,12 @@ fn two_workers_64_channels_many_messages_counters_balance_exactly() {
         for (k, (_, _, ch)) in chans.iter_mut().enumerate() {
             while sent[k] < per_channel
                 && ch
-                    .send_user(dests[k], sent[k], &(k as u64).to_le_bytes(), false)
+                    .send_user(
+                        dests[k],
+                        sent[k],
+                        &(k as u64).to_le_bytes(),
+                        Completions::OnError,
+                    )
                     .unwrap()
             {
                 sent[k] += 1;
@@ -99,7 +105,10 @@ fn a_faulted_channel_does_not_disturb_the_others() {
     let mut got = Vec::new();
     let mut faulted = false;
     while (got.len() as u64) < n {
-        while sent < n && a.send_user(gb.addr(2), sent, b"ok", false).unwrap() {
+        while sent < n
+            && a.send_user(gb.addr(2), sent, b"ok", Completions::OnError)
+                .unwrap()
+        {
             sent += 1;
         }
         a.flush().unwrap();
@@ -129,7 +138,8 @@ fn a_faulted_channel_does_not_disturb_the_others() {
     );
     assert_eq!(engine.worker_stats()[0].faults, 1);
     // The worker goes on serving: a fresh round trip works.
-    a.send_user(gb.addr(2), 99, b"after", false).unwrap();
+    a.send_user(gb.addr(2), 99, b"after", Completions::OnError)
+        .unwrap();
     a.flush().unwrap();
     assert_eq!(recv_n(&mut b, &gb.waker, 1, T)[0].cookie(), 99);
     // The faulted channel can be destroyed, freeing its endpoint for a new channel.
@@ -151,7 +161,10 @@ fn destroy_while_traffic_flows_accounts_for_every_message() {
     let mut buf = Vec::new();
     let mut destroyed = false;
     while sent < n {
-        while sent < n && a.send_user(gb.addr(2), sent, b"d", false).unwrap() {
+        while sent < n
+            && a.send_user(gb.addr(2), sent, b"d", Completions::OnError)
+                .unwrap()
+        {
             sent += 1;
         }
         a.flush().unwrap();
@@ -243,7 +256,9 @@ fn no_wakeup_is_lost_across_many_sleep_wake_transitions() {
                 .unwrap();
             assert_eq!(n, 1, "echo side: round {i} timed out");
             assert_eq!(buf[0].cookie(), i);
-            assert!(b.send_user(a_addr, i, b"pong", false).unwrap());
+            assert!(b
+                .send_user(a_addr, i, b"pong", Completions::OnError)
+                .unwrap());
             b.flush().unwrap();
         }
         b.stats()
@@ -256,7 +271,9 @@ fn no_wakeup_is_lost_across_many_sleep_wake_transitions() {
             std::thread::sleep(Duration::from_micros(300));
         }
         let t0 = Instant::now();
-        assert!(a.send_user(b_addr, i, b"ping", false).unwrap());
+        assert!(a
+            .send_user(b_addr, i, b"ping", Completions::OnError)
+            .unwrap());
         a.flush().unwrap();
         buf.clear();
         let n = a

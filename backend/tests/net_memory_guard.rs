@@ -8,7 +8,7 @@ use std::time::Duration;
 use svnic_backend::config::EngineOverrides;
 use svnic_backend::net::sigbus_guard;
 use svnic_channels::{MacAddr, Message};
-use svnic_client::Channel;
+use svnic_client::{Channel, Completions};
 use svnic_control_plane::GuestId;
 use svnic_host_frontend::HostGuest;
 use svnic_tests::daemon_fixture::{recv_messages as recv, DaemonFixture};
@@ -57,7 +57,8 @@ fn user_data_arrives(
     cookie: u64,
     data: &[u8],
 ) {
-    from.send_user(to.addr(), cookie, data, false).unwrap();
+    from.send_user(to.addr(), cookie, data, Completions::OnError)
+        .unwrap();
     from.flush().unwrap();
     let got = recv(to, g, 1, T);
     assert!(

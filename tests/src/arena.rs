@@ -10,6 +10,7 @@
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+use svnic_client::Completions;
 
 use svnic_host_frontend::HostGuest;
 
@@ -205,7 +206,7 @@ impl Arena {
         if !self
             .pair
             .ca
-            .send_user(to, n, b"hello spare", false)
+            .send_user(to, n, b"hello spare", Completions::OnError)
             .map_err(|e| format!("A cannot send: {e}"))?
         {
             return Err("A's TX ring is full".into());

@@ -9,6 +9,7 @@ pub use crate::wait::wait_until;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use svnic_client::Completions;
 
 use svnic_backend::{Engine, EngineConfig, GuestWaker};
 use svnic_channels::layout::DEFAULT_REGION_LEN;
@@ -283,7 +284,10 @@ pub fn recv_n(ch: &mut Channel, waker: &EventWaker, n: usize, timeout: Duration)
 /// Sends with retries while the TX ring is full (flushing and draining `rx` meanwhile).
 pub fn send_user_blocking(ch: &mut Channel, dest: ChannelAddr, cookie: u64, data: &[u8]) {
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !ch.send_user(dest, cookie, data, false).unwrap() {
+    while !ch
+        .send_user(dest, cookie, data, Completions::OnError)
+        .unwrap()
+    {
         ch.flush().unwrap();
         assert!(Instant::now() < deadline, "TX ring stayed full");
         std::thread::yield_now();

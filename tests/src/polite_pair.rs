@@ -4,6 +4,7 @@
 
 use std::path::Path;
 use std::time::{Duration, Instant};
+use svnic_client::Completions;
 
 use svnic_channels::{ChannelAddr, MacAddr, Message};
 use svnic_client::Channel;
@@ -103,7 +104,7 @@ pub fn assert_round_trip(pair: &mut PolitePair) {
 fn send_user(ch: &mut Channel, to: ChannelAddr, n: u64) -> Result<(), String> {
     let deadline = Instant::now() + LEG_TIMEOUT;
     loop {
-        match ch.send_user(to, n, &n.to_le_bytes(), false) {
+        match ch.send_user(to, n, &n.to_le_bytes(), Completions::OnError) {
             Ok(true) => break,
             Ok(false) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
             Ok(false) => return Err("TX ring full for the whole timeout".into()),

@@ -8,6 +8,7 @@
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
+use svnic_client::Completions;
 
 use svnic_backend::frame_handler::{FrameHandler, FrameOut};
 use svnic_backend::net::{serve_port, PortEvents, PortId, StopSignal, Switch, SwitchConfig};
@@ -196,7 +197,12 @@ fn two_host_process_guests_talk_through_the_svnic_backend() {
     for i in 0..100u64 {
         let t = Instant::now();
         while !ch_a
-            .send_user(dest, i, format!("message {i}").as_bytes(), false)
+            .send_user(
+                dest,
+                i,
+                format!("message {i}").as_bytes(),
+                Completions::OnError,
+            )
             .unwrap()
         {
             ch_a.flush().unwrap();

@@ -36,6 +36,16 @@ pub trait Waiter: Send + Sync {
     fn wait(&self, timeout: Duration);
 }
 
+/// Which outcomes of a user-data message the engine reports back as a completion (same
+/// cookie). DMA-data is always completed: its buffer is the sender's until then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completions {
+    /// Only a failed delivery (the usual case: a stream reads no completions until one fails).
+    OnError,
+    /// A successful delivery too (the message asks for it with `FLAG_WANT_COMPLETION`).
+    Always,
+}
+
 /// Why the engine faulted a channel: the fault word of its header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
 pub enum Fault {
@@ -276,17 +286,16 @@ impl Channel {
     }
 
     /// Queues user-data (at most 40 bytes) for `dest`. `Ok(false)`: TX ring full, try again after
-    /// a flush/poll. A completion comes back only on error, or also on success with
-    /// `want_completion`.
+    /// a flush/poll. A completion comes back as `completions` asks.
     pub fn send_user(
         &mut self,
         dest: ChannelAddr,
         cookie: u64,
         data: &[u8],
-        want_completion: bool,
+        completions: Completions,
     ) -> Result<bool, ChannelError> {
         let mut u = UserData::new(dest, cookie, data)?;
-        if want_completion {
+        if completions == Completions::Always {
             u.flags |= FLAG_WANT_COMPLETION;
         }
         self.push_tx(Message::UserData(u))

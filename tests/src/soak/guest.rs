@@ -12,6 +12,7 @@
 use std::io::{BufRead, Write};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use svnic_client::Completions;
 
 use serde_json::json;
 use svnic_channels::{ChannelAddr, CompletionStatus, DataRef, Message};
@@ -293,7 +294,7 @@ impl SoakGuest {
             };
             s.ch.send_dma(dest, cookie, buf)
         } else {
-            s.ch.send_user(dest, cookie, &cookie.to_le_bytes(), true)
+            s.ch.send_user(dest, cookie, &cookie.to_le_bytes(), Completions::Always)
         }
         .map_err(|e| format!("channel {}: send: {e}", s.ch.id()))?;
         if taken {

@@ -4,6 +4,7 @@
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+use svnic_client::Completions;
 
 use svnic_channels::layout::header;
 use svnic_channels::{CompletionStatus, DataRef, FaultReason, Message};
@@ -51,7 +52,7 @@ fn a_reaches(arena: &mut Arena, g: &HostGuest, ch: &mut Channel) {
     assert!(arena
         .pair
         .ca
-        .send_user(to, n, b"still fine", false)
+        .send_user(to, n, b"still fine", Completions::OnError)
         .unwrap());
     arena.pair.ca.flush().unwrap();
     let waiter = g.waiter(ch);
@@ -99,7 +100,7 @@ fn expect_fault(mut arena: Arena, offset: usize, value: u32, fault: FaultReason,
             let mut n = 0;
             while n < 300 && Instant::now() < deadline {
                 // A full TX ring only means the engine is busy: try again.
-                if a.send_user(to, n, b"x", false).unwrap() {
+                if a.send_user(to, n, b"x", Completions::OnError).unwrap() {
                     n += 1;
                 }
                 a.flush().unwrap();

@@ -33,7 +33,7 @@ use svnic_channels::{
     ChannelAddr, ChannelId, ChannelLayout, CompletionStatus, DataRef, DmaData, MacAddr, Message,
     PostBuffer, RawMessage, UserData,
 };
-use svnic_client::Channel;
+use svnic_client::{Channel, Completions};
 
 use super::guests::{check_fill, fill, fixture, Fixture, GUEST_MEM};
 use super::hostile::Hostile;
@@ -226,7 +226,16 @@ impl Run<'_> {
                 let dest = self.a[index(to)].addr;
                 let _ = self
                     .h
-                    .send_user(dest, u64::from(*cookie), b"hello", *want_completion)
+                    .send_user(
+                        dest,
+                        u64::from(*cookie),
+                        b"hello",
+                        if *want_completion {
+                            Completions::Always
+                        } else {
+                            Completions::OnError
+                        },
+                    )
                     .expect("healthy send");
                 self.h.flush().expect("healthy flush");
                 self.out.clear();
@@ -323,7 +332,7 @@ impl Run<'_> {
             if !sent {
                 sent = self
                     .h
-                    .send_user(self.v.addr(), PROBE, b"probe", false)
+                    .send_user(self.v.addr(), PROBE, b"probe", Completions::OnError)
                     .expect("probe send");
             }
             self.h.flush().expect("probe flush");

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use svnic_backend::config::{DaemonConfig, EngineOverrides};
 use svnic_backend::daemon::{AdminSocket, Daemon};
 use svnic_channels::Message as ChannelMessage;
+use svnic_client::Completions;
 use svnic_host_frontend::HostGuest;
 use svnic_tests::raw_frontend::flags::NEED_REPLY;
 use svnic_tests::raw_frontend::{
@@ -142,7 +143,8 @@ fn probe_socket(socket: &Path) {
         .unwrap_or_else(|e| panic!("a polite frontend cannot create a channel: {e}"));
     let me = ch.addr();
     assert!(
-        ch.send_user(me, 0x5eed, b"probe", false).expect("send"),
+        ch.send_user(me, 0x5eed, b"probe", Completions::OnError)
+            .expect("send"),
         "a fresh channel's TX ring is full"
     );
     ch.flush().expect("flush");

@@ -1,6 +1,7 @@
 //! Round trips and streaming over a bypass channel.
 
 use std::time::{Duration, Instant};
+use svnic_client::Completions;
 
 use svnic_channels::{ChannelAddr, CompletionStatus, DataRef, Message};
 
@@ -71,7 +72,7 @@ pub fn channel_ping(
         }
         let t0 = Instant::now();
         let queued = match kind {
-            PingKind::UserData => ch.send_user(peer, i, &payload, false)?,
+            PingKind::UserData => ch.send_user(peer, i, &payload, Completions::OnError)?,
             PingKind::DmaData => ch.send_dma(
                 peer,
                 i,
@@ -143,7 +144,9 @@ pub fn channel_echo(
             }
         };
         let queued = match m {
-            Message::UserData(u) => ch.send_user(u.peer, u.cookie, u.data(), false)?,
+            Message::UserData(u) => {
+                ch.send_user(u.peer, u.cookie, u.data(), Completions::OnError)?
+            }
             Message::DmaData(d) => {
                 posted = false;
                 let mut tmp = vec![0u8; d.data.len as usize];
@@ -181,7 +184,7 @@ fn send_user_batch(
     mut sent: u64,
     count: u64,
 ) -> Result<u64, ChannelError> {
-    while sent < count && ch.send_user(peer, sent, payload, false)? {
+    while sent < count && ch.send_user(peer, sent, payload, Completions::OnError)? {
         sent += 1;
     }
     ch.flush()?;
@@ -335,7 +338,7 @@ pub fn channel_ping_local(
         }
         let t0 = Instant::now();
         let queued = match kind {
-            PingKind::UserData => a.send_user(b_addr, i, &payload, false)?,
+            PingKind::UserData => a.send_user(b_addr, i, &payload, Completions::OnError)?,
             PingKind::DmaData => a.send_dma(b_addr, i, DataRef { offset: ta, len })?,
         };
         if !queued {
@@ -356,7 +359,9 @@ pub fn channel_ping_local(
                     .any(|m| matches!(m, Message::UserData(_) | Message::DmaData(_)))
                 {
                     match kind {
-                        PingKind::UserData => b.send_user(a_addr, i, &payload, false)?,
+                        PingKind::UserData => {
+                            b.send_user(a_addr, i, &payload, Completions::OnError)?
+                        }
                         PingKind::DmaData => b.send_dma(a_addr, i, DataRef { offset: tb, len })?,
                     };
                     b.flush()?;

@@ -7,6 +7,7 @@
 //! sees exactly one. Responders answer probes and never count them.
 
 use std::time::{Duration, Instant};
+use svnic_client::Completions;
 
 use svnic_channels::{ChannelAddr, CompletionStatus, Message, UserData};
 
@@ -25,7 +26,7 @@ pub fn is_probe(u: &UserData) -> bool {
 
 /// Answers a probe that arrived from `peer`.
 pub fn answer_probe(ch: &mut Channel, peer: ChannelAddr) -> Result<(), MeasureError> {
-    if !ch.send_user(peer, PROBE_COOKIE, PROBE_PAYLOAD, false)? {
+    if !ch.send_user(peer, PROBE_COOKIE, PROBE_PAYLOAD, Completions::OnError)? {
         return Err(MeasureError::RingFull {
             ring: "TX",
             during: "answering a probe",
@@ -47,7 +48,7 @@ pub fn channel_probe(
     let mut last = None;
     let mut buf = Vec::new();
     loop {
-        if !ch.send_user(peer, PROBE_COOKIE, PROBE_PAYLOAD, true)? {
+        if !ch.send_user(peer, PROBE_COOKIE, PROBE_PAYLOAD, Completions::Always)? {
             return Err(MeasureError::RingFull {
                 ring: "TX",
                 during: "sending a probe",

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
+use svnic_client::Completions;
 
 #[test]
 fn a_channel_is_created_used_and_destroyed_through_the_agent() {
@@ -88,7 +89,7 @@ fn create_use_and_destroy(h: &Harness) {
 
     // Application -> engine: a doorbell when the worker sleeps, relayed as a frame.
     mem.set_sleeping(header::ENGINE_SLEEPING, true);
-    assert!(ch.send_user(from, 1, b"hi", false).unwrap());
+    assert!(ch.send_user(from, 1, b"hi", Completions::OnError).unwrap());
     ch.flush().unwrap();
     wait_until("the doorbell frame", || {
         h.engine.seen(|s| s.doorbells.contains(&id))

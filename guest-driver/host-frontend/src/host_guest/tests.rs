@@ -8,6 +8,7 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use svnic_client::Completions;
 
 use svnic_channels::frame::{
     ControlOp, ControlResponse, ControlStatus, CreateRequest, Frame, FrameBody,
@@ -476,7 +477,7 @@ fn doorbells_reach_the_engine_when_its_worker_sleeps() {
     let id = ChannelId(ch.id());
     let dest = ch.addr();
     // Worker awake: no doorbell.
-    assert!(ch.send_user(dest, 1, b"hi", false).unwrap());
+    assert!(ch.send_user(dest, 1, b"hi", Completions::OnError).unwrap());
     ch.flush().unwrap();
     // Worker asleep: one doorbell per flush.
     engine.log(|l| {
@@ -487,8 +488,8 @@ fn doorbells_reach_the_engine_when_its_worker_sleeps() {
             .unwrap()
             .set_sleeping(header::ENGINE_SLEEPING, true);
     });
-    assert!(ch.send_user(dest, 2, b"a", false).unwrap());
-    assert!(ch.send_user(dest, 3, b"b", false).unwrap());
+    assert!(ch.send_user(dest, 2, b"a", Completions::OnError).unwrap());
+    assert!(ch.send_user(dest, 3, b"b", Completions::OnError).unwrap());
     ch.flush().unwrap();
     eventually("the doorbell", || engine.log(|l| l.doorbells == vec![id]));
     assert_eq!(client.stats().doorbells, 1);
