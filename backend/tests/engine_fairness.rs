@@ -58,8 +58,7 @@ fn completion_of(msgs: &[Message]) -> (u64, CompletionStatus, u32) {
 /// Posts the buffer at the start of `ch`'s data area, `len` bytes, with `cookie`.
 fn post_at_start(ch: &mut Channel, cookie: u64, len: u32) -> u64 {
     let offset = ch.layout().data_offset;
-    assert!(ch.post_buffer(cookie, DataRef { offset, len }).unwrap());
-    ch.flush().unwrap();
+    post_flushed(ch, cookie, offset, len);
     offset
 }
 
@@ -150,12 +149,7 @@ fn a_large_message_arrives_once_intact_and_in_order() {
     a.write_data(src_b, &small_data).unwrap();
     let buf_a = post_at_start(&mut d, 501, len);
     let buf_b = buf_a + (16 << 20);
-    let post_b = DataRef {
-        offset: buf_b,
-        len: small,
-    };
-    assert!(d.post_buffer(502, post_b).unwrap());
-    d.flush().unwrap();
+    post_flushed(&mut d, 502, buf_b, small);
     let large = DataRef { offset: src_a, len };
     assert!(a.send_dma(gd.addr(1), 1, large).unwrap());
     assert!(a
@@ -239,12 +233,7 @@ fn dma_data_behind_a_reserved_buffer_waits_and_keeps_buffer_order() {
     c.write_data(c.layout().data_offset, &small).unwrap();
     let first = post_at_start(&mut d, 1, LARGE);
     let second = first + u64::from(LARGE);
-    let next = DataRef {
-        offset: second,
-        len: 4096,
-    };
-    assert!(d.post_buffer(2, next).unwrap());
-    d.flush().unwrap();
+    post_flushed(&mut d, 2, second, 4096);
     send_large_and_wait_for_first_piece(&mut a, &gd, 1, d_region + first, 10);
     let src = DataRef {
         offset: c.layout().data_offset,

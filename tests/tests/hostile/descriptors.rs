@@ -45,16 +45,22 @@ fn publish_everywhere(arena: &Arena, f: &mut NetFrontend, chains: &[Vec<Desc>]) 
     std::thread::sleep(SETTLE);
 }
 
+/// Starts an arena named `name`, publishes `chains` everywhere from a polite evil frontend, and
+/// asserts that the daemon is unharmed.
+fn assert_chains_harmless(name: &str, chains: &[Vec<Desc>]) {
+    let arena = Arena::start(name, 0);
+    let mut f = polite_evil(&arena);
+    let before = arena.footprint();
+    publish_everywhere(&arena, &mut f, chains);
+    arena.assert_unharmed(before, Bounds::default());
+}
+
 /// CVE-2018-1059: descriptors whose buffer starts inside memory and ends outside it, or lies
 /// wholly outside it.
 #[test]
 fn cve_2018_1059_descriptors_leaving_memory() {
-    let arena = Arena::start("hostile-cve2018-desc", 0);
-    let mut f = polite_evil(&arena);
-    let before = arena.footprint();
-    publish_everywhere(
-        &arena,
-        &mut f,
+    assert_chains_harmless(
+        "hostile-cve2018-desc",
         &[
             vec![desc(MEM_SIZE - 16, 4096, 0, 0)],
             vec![desc(MEM_SIZE, 64, 0, 0)],
@@ -66,7 +72,6 @@ fn cve_2018_1059_descriptors_leaving_memory() {
             ],
         ],
     );
-    arena.assert_unharmed(before, Bounds::default());
 }
 
 /// CVE-2018-1059: ring addresses outside every region, or starting inside and running off its
@@ -97,12 +102,8 @@ fn cve_2018_1059_ring_addresses_leaving_memory() {
 /// total length overflows.
 #[test]
 fn cve_2020_10722_lengths_near_integer_limits() {
-    let arena = Arena::start("hostile-cve2020-len", 0);
-    let mut f = polite_evil(&arena);
-    let before = arena.footprint();
-    publish_everywhere(
-        &arena,
-        &mut f,
+    assert_chains_harmless(
+        "hostile-cve2020-len",
         &[
             vec![desc(FREE, u32::MAX, 0, 0)],
             vec![desc(u64::MAX - 15, 32, 0, 0)],
@@ -116,7 +117,6 @@ fn cve_2020_10722_lengths_near_integer_limits() {
             vec![desc(FREE, 11, 0, 0)],
         ],
     );
-    arena.assert_unharmed(before, Bounds::default());
 }
 
 /// CVE-2020-10723: chains that loop (directly, through each other, through an indirect table),
