@@ -11,7 +11,8 @@ use svnic_tests::raw_frontend::{flags, mem_table, req, MemRegion, Sealing};
 use svnic_tests::virtqueue::{Desc, SplitQueue, DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE};
 
 use super::super::{
-    broadcast_from_a, evil_up_to_features, polite_evil, settle_then_assert_unharmed, SETTLE,
+    broadcast_from_a, evil_up_to_features, evil_with_memory, polite_evil,
+    settle_then_assert_unharmed, SETTLE,
 };
 
 fn desc(addr: u64, len: u32, flags: u16, next: u16) -> Desc {
@@ -87,8 +88,7 @@ fn cve_2018_1059_ring_addresses_leaving_memory() {
         (MEM_SIZE - 16, 0x2_1000, 0x2_2000),
         (u64::MAX - 4095, u64::MAX - 1023, u64::MAX - 511),
     ] {
-        let mut f = evil_up_to_features(&arena);
-        f.set_mem_table().unwrap();
+        let mut f = evil_with_memory(&arena);
         let q = &mut f.queues[usize::from(TX)];
         (q.desc, q.avail, q.used) = (desc_gpa, avail_gpa, used_gpa);
         let _ = f.setup_vring(TX);
