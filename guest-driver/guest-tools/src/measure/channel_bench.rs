@@ -41,6 +41,29 @@ fn recv_one(
     }
 }
 
+/// The next message that is not a completion: Ok completions are skipped, any other completion
+/// fails the measurement as `during`.
+fn recv_data(
+    ch: &mut Channel,
+    waiter: &dyn Waiter,
+    timeout: Duration,
+    buf: &mut Vec<Message>,
+    during: impl Fn() -> String,
+) -> Result<Message, MeasureError> {
+    loop {
+        match recv_one(ch, waiter, timeout, buf)? {
+            Message::Completion(c) if c.status == CompletionStatus::Ok => continue,
+            Message::Completion(c) => {
+                return Err(MeasureError::Completion {
+                    during: during(),
+                    status: c.status,
+                })
+            }
+            m => return Ok(m),
+        }
+    }
+}
+
 /// Sends one message of `size` bytes (user-data: inline; DMA: from the start of the data area,
 /// into a buffer the peer posted) and waits for the peer's reply, `count` times.
 /// The reply of a DMA ping is a DMA message too; the initiator keeps one buffer posted.
@@ -89,18 +112,9 @@ pub fn channel_ping(
             });
         }
         ch.flush()?;
-        loop {
-            match recv_one(ch, waiter, Duration::from_secs(10), &mut buf)? {
-                Message::Completion(c) if c.status == CompletionStatus::Ok => continue,
-                Message::Completion(c) => {
-                    return Err(MeasureError::Completion {
-                        during: format!("ping {i}"),
-                        status: c.status,
-                    })
-                }
-                _ => break,
-            }
-        }
+        recv_data(ch, waiter, Duration::from_secs(10), &mut buf, || {
+            format!("ping {i}")
+        })?;
         samples.push(t0.elapsed());
     }
     Ok(LatencyStats::from_samples(samples))
@@ -131,14 +145,9 @@ pub fn channel_echo(
             posted = true;
         }
         let m = loop {
-            match recv_one(ch, waiter, Duration::from_secs(30), &mut buf)? {
-                Message::Completion(c) if c.status == CompletionStatus::Ok => continue,
-                Message::Completion(c) => {
-                    return Err(MeasureError::Completion {
-                        during: format!("echo {i}"),
-                        status: c.status,
-                    })
-                }
+            match recv_data(ch, waiter, Duration::from_secs(30), &mut buf, || {
+                format!("echo {i}")
+            })? {
                 Message::UserData(u) if is_probe(&u) => answer_probe(ch, u.peer)?,
                 m => break m,
             }
