@@ -262,7 +262,8 @@ pub fn guest_pair(engine: &Engine) -> (FakeGuest, FakeGuest, Channel, Channel) {
 
 /// Sends a DMA-data message of `len` bytes at `offset` of `ch`'s region to `dest`, and flushes.
 pub fn send_dma_flushed(ch: &mut Channel, dest: ChannelAddr, cookie: u64, offset: u64, len: u32) {
-    ch.send_dma(dest, cookie, DataRef { offset, len }).unwrap();
+    let queued = ch.send_dma(dest, cookie, DataRef { offset, len }).unwrap();
+    assert!(queued, "TX ring full");
     ch.flush().unwrap();
 }
 
