@@ -13,6 +13,7 @@ use svnic_channels::frame::ControlStatus;
 use svnic_channels::{ChannelAddr, CompletionStatus, DataRef, FailureReason, MacAddr, Message};
 use svnic_host_frontend::HostGuest;
 use svnic_tests::daemon_fixture::{recv_messages, DaemonFixture};
+use svnic_tests::fake_guest::post_flushed;
 use svnic_tests::frames::{create_op as create, eth, mac_in};
 use svnic_tests::logs;
 use svnic_tests::vhost_frontend::TestFrontend;
@@ -154,15 +155,7 @@ fn user_data_and_dma_data_between_two_host_process_guests_intact_and_in_order() 
     // DMA-data: 100 KiB, copied into a posted buffer, COMPLETE, with a completion for the sender.
     let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
     let (da, db) = (a.layout().data_offset, b.layout().data_offset);
-    b.post_buffer(
-        77,
-        DataRef {
-            offset: db,
-            len: 128 << 10,
-        },
-    )
-    .unwrap();
-    b.flush().unwrap();
+    post_flushed(&mut b, 77, db, 128 << 10);
     a.write_data(da, &data).unwrap();
     a.send_dma(
         b_addr,

@@ -178,16 +178,28 @@ fn assert_one_completion(
     assert_eq!(one_completion(a, waker), expected);
 }
 
+/// Sends one user-data message from `a` to `to` and asserts that its one completion is an
+/// error with `status`.
+#[track_caller]
+fn send_expecting_error(
+    a: &mut svnic_client::Channel,
+    waker: &EventWaker,
+    to: svnic_channels::ChannelAddr,
+    cookie: u64,
+    status: CompletionStatus,
+) {
+    a.send_user(to, cookie, b"x", Completions::OnError).unwrap();
+    a.flush().unwrap();
+    assert_one_completion(a, waker, (cookie, status, 0));
+}
+
 #[test]
 fn no_route_is_an_error_completion() {
     let engine = quick_engine();
     let mut ga = FakeGuest::new(&engine, 1, 8);
     let gb = FakeGuest::new(&engine, 2, 8);
     let mut a = ga.open(1);
-    a.send_user(gb.addr(99), 7, b"nobody", Completions::OnError)
-        .unwrap();
-    a.flush().unwrap();
-    assert_one_completion(&mut a, &ga.waker, (7, CompletionStatus::NoRoute, 0));
+    send_expecting_error(&mut a, &ga.waker, gb.addr(99), 7, CompletionStatus::NoRoute);
 }
 
 #[test]
@@ -230,15 +242,7 @@ fn posted_buffer_too_small_is_an_error_completion_and_stays_posted() {
     let engine = quick_engine();
     let (ga, gb, mut a, mut b) = guest_pair(&engine);
     let (da, db) = (a.layout().data_offset, b.layout().data_offset);
-    b.post_buffer(
-        77,
-        DataRef {
-            offset: db,
-            len: 10,
-        },
-    )
-    .unwrap();
-    b.flush().unwrap();
+    post_flushed(&mut b, 77, db, 10);
     send_dma_flushed(&mut a, gb.addr(2), 10, da, 100);
     assert_one_completion(&mut a, &ga.waker, (10, CompletionStatus::BufferTooSmall, 0));
     // The small buffer is still there for a message that fits.
@@ -283,13 +287,7 @@ fn full_ring_applies_backpressure_then_delivers() {
     // Send as fast as the TX ring allows, receive slowly (4 per 2 ms): the RX ring (16) is far
     // smaller than what is sent, so the engine must hold messages until room appears.
     while (got.len() as u64) < n {
-        while sent < n
-            && a.send_user(gb.addr(2), sent, b"bp", Completions::OnError)
-                .unwrap()
-        {
-            sent += 1;
-        }
-        a.flush().unwrap();
+        send_user_while_room(&mut a, gb.addr(2), &mut sent, n, b"bp");
         std::thread::sleep(Duration::from_millis(2));
         b.poll(&mut got, 4).unwrap();
     }
@@ -360,10 +358,7 @@ fn destination_destroyed_while_held_is_destination_gone() {
         (13, CompletionStatus::DestinationGone, 0),
     );
     // Later sends to it have no route.
-    a.send_user(gb.addr(2), 14, b"x", Completions::OnError)
-        .unwrap();
-    a.flush().unwrap();
-    assert_one_completion(&mut a, &ga.waker, (14, CompletionStatus::NoRoute, 0));
+    send_expecting_error(&mut a, &ga.waker, gb.addr(2), 14, CompletionStatus::NoRoute);
 }
 
 #[test]
@@ -376,13 +371,12 @@ fn faulted_destination_is_an_error_completion() {
         engine.run_state(ChannelId(b.id())) == Some(svnic_backend::RunState::Faulted)
     });
     assert!(b.fault().is_some(), "fault recorded in the header");
-    a.send_user(gb.addr(2), 15, b"x", Completions::OnError)
-        .unwrap();
-    a.flush().unwrap();
-    assert_one_completion(
+    send_expecting_error(
         &mut a,
         &ga.waker,
-        (15, CompletionStatus::DestinationFaulted, 0),
+        gb.addr(2),
+        15,
+        CompletionStatus::DestinationFaulted,
     );
 }
 

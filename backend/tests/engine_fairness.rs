@@ -58,8 +58,7 @@ fn completion_of(msgs: &[Message]) -> (u64, CompletionStatus, u32) {
 /// Posts the buffer at the start of `ch`'s data area, `len` bytes, with `cookie`.
 fn post_at_start(ch: &mut Channel, cookie: u64, len: u32) -> u64 {
     let offset = ch.layout().data_offset;
-    assert!(ch.post_buffer(cookie, DataRef { offset, len }).unwrap());
-    ch.flush().unwrap();
+    post_flushed(ch, cookie, offset, len);
     offset
 }
 
@@ -85,12 +84,7 @@ fn round_trips_of_another_channel_complete_while_a_large_message_is_copied() {
     let mut best = 0;
     for attempt in 0..10u64 {
         let buffer = post_at_start(&mut d, 100 + attempt, LARGE);
-        let src = DataRef {
-            offset: source,
-            len: LARGE,
-        };
-        assert!(a.send_dma(receivers.addr(1), attempt, src).unwrap());
-        a.flush().unwrap();
+        send_dma_flushed(&mut a, receivers.addr(1), attempt, source, LARGE);
         let mut during = 0u32;
         let arrived = loop {
             // One round trip B -> E -> B.
@@ -150,12 +144,7 @@ fn a_large_message_arrives_once_intact_and_in_order() {
     a.write_data(src_b, &small_data).unwrap();
     let buf_a = post_at_start(&mut d, 501, len);
     let buf_b = buf_a + (16 << 20);
-    let post_b = DataRef {
-        offset: buf_b,
-        len: small,
-    };
-    assert!(d.post_buffer(502, post_b).unwrap());
-    d.flush().unwrap();
+    post_flushed(&mut d, 502, buf_b, small);
     let large = DataRef { offset: src_a, len };
     assert!(a.send_dma(gd.addr(1), 1, large).unwrap());
     assert!(a
@@ -239,19 +228,10 @@ fn dma_data_behind_a_reserved_buffer_waits_and_keeps_buffer_order() {
     c.write_data(c.layout().data_offset, &small).unwrap();
     let first = post_at_start(&mut d, 1, LARGE);
     let second = first + u64::from(LARGE);
-    let next = DataRef {
-        offset: second,
-        len: 4096,
-    };
-    assert!(d.post_buffer(2, next).unwrap());
-    d.flush().unwrap();
+    post_flushed(&mut d, 2, second, 4096);
     send_large_and_wait_for_first_piece(&mut a, &gd, 1, d_region + first, 10);
-    let src = DataRef {
-        offset: c.layout().data_offset,
-        len: 4096,
-    };
-    assert!(c.send_dma(gd.addr(1), 20, src).unwrap());
-    c.flush().unwrap();
+    let source = c.layout().data_offset;
+    send_dma_flushed(&mut c, gd.addr(1), 20, source, 4096);
     let got = recv_n(&mut d, &gd.waker, 2, T);
     let [Message::DmaData(m1), Message::DmaData(m2)] = got.as_slice() else {
         panic!("unexpected {got:?}")
@@ -276,12 +256,8 @@ fn send_large_and_wait_for_first_piece(
     buffer: u64,
     cookie: u64,
 ) {
-    let src = DataRef {
-        offset: a.layout().data_offset,
-        len: LARGE,
-    };
-    assert!(a.send_dma(dest.addr(endpoint), cookie, src).unwrap());
-    a.flush().unwrap();
+    let source = a.layout().data_offset;
+    send_dma_flushed(a, dest.addr(endpoint), cookie, source, LARGE);
     let deadline = Instant::now() + T;
     while dest.mem.read_obj::<u8>(GuestAddress(buffer)).unwrap() == 0 {
         assert!(Instant::now() < deadline, "the copy never began");
@@ -375,13 +351,9 @@ fn a_sender_destroyed_mid_message_gives_the_posted_buffer_back() {
             continue;
         }
         let small = pattern(13, 4096);
-        c.write_data(c.layout().data_offset, &small).unwrap();
-        let src = DataRef {
-            offset: c.layout().data_offset,
-            len: 4096,
-        };
-        assert!(c.send_dma(gd.addr(1), 1, src).unwrap());
-        c.flush().unwrap();
+        let source = c.layout().data_offset;
+        c.write_data(source, &small).unwrap();
+        send_dma_flushed(&mut c, gd.addr(1), 1, source, 4096);
         let got = recv_n(&mut d, &gd.waker, 1, T);
         let [Message::DmaData(m)] = got.as_slice() else {
             panic!("unexpected {got:?}")

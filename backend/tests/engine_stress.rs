@@ -105,13 +105,7 @@ fn a_faulted_channel_does_not_disturb_the_others() {
     let mut got = Vec::new();
     let mut faulted = false;
     while (got.len() as u64) < n {
-        while sent < n
-            && a.send_user(gb.addr(2), sent, b"ok", Completions::OnError)
-                .unwrap()
-        {
-            sent += 1;
-        }
-        a.flush().unwrap();
+        send_user_while_room(&mut a, gb.addr(2), &mut sent, n, b"ok");
         if sent > n / 2 && !faulted {
             // Guest C writes a TX producer index 1000 slots ahead, and garbage posts.
             bad.region()
@@ -161,13 +155,7 @@ fn destroy_while_traffic_flows_accounts_for_every_message() {
     let mut buf = Vec::new();
     let mut destroyed = false;
     while sent < n {
-        while sent < n
-            && a.send_user(gb.addr(2), sent, b"d", Completions::OnError)
-                .unwrap()
-        {
-            sent += 1;
-        }
-        a.flush().unwrap();
+        send_user_while_room(&mut a, gb.addr(2), &mut sent, n, b"d");
         if !destroyed {
             buf.clear();
             received += b.poll(&mut buf, 256).unwrap() as u64;

@@ -11,7 +11,7 @@ use svnic_tests::frames::{eth, payload};
 use svnic_tests::logs::wait_for as wait_for_log;
 use svnic_tests::switch_fixture::{mac, Event, Net};
 use svnic_tests::vhost_frontend::{TestFrontend, MEM_SIZE, RX, TIMEOUT, TX};
-use vhost::VhostBackend;
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo};
 
 const QUIET: Duration = Duration::from_millis(200);
 
@@ -41,6 +41,20 @@ fn some_memory() -> Event {
 const NO_MEMORY: Event = Event::Memory(GuestId(1), None);
 const LINK_UP: Event = Event::Link(GuestId(1), true);
 const LINK_DOWN: Event = Event::Link(GuestId(1), false);
+
+/// Connects to `socket`, negotiates, and offers the frontend's memory region changed by `edit`:
+/// asserts that the backend refuses the table, and returns the frontend.
+fn refused_memory_table(
+    socket: &Path,
+    edit: impl FnOnce(&mut VhostUserMemoryRegionInfo),
+) -> TestFrontend {
+    let mut evil = TestFrontend::connect(socket);
+    evil.negotiate().unwrap();
+    let mut region = evil.region();
+    edit(&mut region);
+    assert!(evil.frontend.set_mem_table(&[region]).is_err());
+    evil
+}
 
 #[test]
 fn a_frontend_that_reconnects_to_the_same_socket_works_again() {
@@ -202,13 +216,9 @@ fn a_truncated_message_ends_that_connection_and_the_listener_keeps_serving() {
 fn a_memory_table_larger_than_its_file_ends_the_connection() {
     let mut net = Net::new();
     let (sa, sb) = (net.add_port(13), net.add_port(2));
-    let mut evil = TestFrontend::connect(&sa);
-    evil.negotiate().unwrap();
     // 1 TiB claimed over an 8 MiB memfd: mmap(MAP_NORESERVE) accepts it, and touching it past
     // the end of the file would be SIGBUS for the whole daemon.
-    let mut region = evil.region();
-    region.memory_size = 1 << 40;
-    assert!(evil.frontend.set_mem_table(&[region]).is_err());
+    let evil = refused_memory_table(&sa, |region| region.memory_size = 1 << 40);
     wait_for_log(&["guest 13", "unusable memory table", "only 0x800000 bytes"]);
     // The backend closed the connection.
     assert!(evil.frontend.get_features().is_err());
@@ -228,11 +238,8 @@ fn a_memory_table_larger_than_its_file_ends_the_connection() {
 fn a_memory_table_with_overflowing_ranges_ends_the_connection() {
     let mut net = Net::new();
     let s = net.add_port(14);
-    let mut evil = TestFrontend::connect(&s);
-    evil.negotiate().unwrap();
-    let mut region = evil.region();
-    region.guest_phys_addr = u64::MAX - 0xfff; // guest_phys_addr + memory_size overflows
-    assert!(evil.frontend.set_mem_table(&[region]).is_err());
+    // guest_phys_addr + memory_size overflows.
+    let evil = refused_memory_table(&s, |region| region.guest_phys_addr = u64::MAX - 0xfff);
     wait_for_log(&["guest 14", "frontend connection ended"]);
     drop(evil);
 
@@ -248,11 +255,8 @@ fn a_memory_table_with_overflowing_ranges_ends_the_connection() {
 fn a_memory_table_that_cannot_be_mapped_ends_the_connection() {
     let mut net = Net::new();
     let (s, sb) = (net.add_port(15), net.add_port(2));
-    let mut evil = TestFrontend::connect(&s);
-    evil.negotiate().unwrap();
-    let mut region = evil.region();
-    region.memory_size = 1 << 62; // well-formed, but no address space for it: mmap fails
-    assert!(evil.frontend.set_mem_table(&[region]).is_err());
+    // Well-formed, but no address space for it: mmap fails.
+    let evil = refused_memory_table(&s, |region| region.memory_size = 1 << 62);
     let line = wait_for_log(&["guest 15", "frontend connection ended", "os error 12"]);
     assert!(line.starts_with("WARN"), "{line}");
     drop(evil);

@@ -15,6 +15,20 @@ fn refused(cp: &ControlPlane<u32>, guest: GuestId, r: CreateRequest) -> FailureR
     cp.begin_create(guest, &r).unwrap_err()
 }
 
+/// Asserts that `guest`'s request `make(v)` is refused with `reason`, for every `v` in `values`.
+#[track_caller]
+fn assert_each_refused<T: Copy + std::fmt::Debug>(
+    cp: &ControlPlane<u32>,
+    guest: GuestId,
+    values: impl IntoIterator<Item = T>,
+    make: impl Fn(T) -> CreateRequest,
+    reason: FailureReason,
+) {
+    for v in values {
+        assert_eq!(refused(cp, guest, make(v)), reason, "{v:?}");
+    }
+}
+
 #[test]
 fn a_valid_request_becomes_pending() {
     let (cp, a) = plane_with_guest_a();
@@ -63,12 +77,13 @@ fn mac_not_owned() {
 #[test]
 fn endpoint_out_of_range() {
     let (cp, a) = plane_with(|p| p.endpoints = 10..=20);
-    for ep in [0, 9, 21, u32::MAX] {
-        assert_eq!(
-            refused(&cp, a, req(ep, 0)),
-            FailureReason::EndpointOutOfRange
-        );
-    }
+    assert_each_refused(
+        &cp,
+        a,
+        [0, 9, 21, u32::MAX],
+        |ep| req(ep, 0),
+        FailureReason::EndpointOutOfRange,
+    );
     cp.begin_create(a, &req(10, 0)).unwrap();
     cp.begin_create(a, &req(20, MIB2)).unwrap();
 }
@@ -76,33 +91,31 @@ fn endpoint_out_of_range() {
 #[test]
 fn bad_ring_size() {
     let (cp, a) = plane_with_guest_a();
-    for ring_size in [0, 8, 100, 8192, u32::MAX] {
-        let r = CreateRequest {
+    assert_each_refused(
+        &cp,
+        a,
+        [0, 8, 100, 8192, u32::MAX],
+        |ring_size| CreateRequest {
             ring_size,
             ..req(1, 0)
-        };
-        assert_eq!(
-            refused(&cp, a, r),
-            FailureReason::BadRingSize,
-            "{ring_size}"
-        );
-    }
+        },
+        FailureReason::BadRingSize,
+    );
 }
 
 #[test]
 fn region_too_small() {
     let (cp, a) = plane_with_guest_a();
-    for region_len in [0, PAGE, 4 * PAGE] {
-        let r = CreateRequest {
+    assert_each_refused(
+        &cp,
+        a,
+        [0, PAGE, 4 * PAGE],
+        |region_len| CreateRequest {
             region_len,
             ..req(1, 0)
-        };
-        assert_eq!(
-            refused(&cp, a, r),
-            FailureReason::RegionTooSmall,
-            "{region_len}"
-        );
-    }
+        },
+        FailureReason::RegionTooSmall,
+    );
 }
 
 #[test]
@@ -136,12 +149,13 @@ fn region_misaligned() {
     };
     assert_eq!(refused(&cp, a, r), FailureReason::RegionMisaligned);
     // ... and address not page aligned.
-    for addr in [1, 0x800, PAGE + 8] {
-        assert_eq!(
-            refused(&cp, a, req(1, addr)),
-            FailureReason::RegionMisaligned
-        );
-    }
+    assert_each_refused(
+        &cp,
+        a,
+        [1, 0x800, PAGE + 8],
+        |addr| req(1, addr),
+        FailureReason::RegionMisaligned,
+    );
 }
 
 #[test]
@@ -165,18 +179,18 @@ fn region_outside_memory_when_the_end_overflows() {
 fn region_overlaps_a_live_channel_of_the_same_guest() {
     let (cp, a) = plane_with_guest_a();
     cp.begin_create(a, &req(1, 4 * MIB2)).unwrap();
-    for addr in [
-        3 * MIB2 + PAGE,
-        4 * MIB2,
-        4 * MIB2 + MIB2 / 2,
-        5 * MIB2 - PAGE,
-    ] {
-        assert_eq!(
-            refused(&cp, a, req(2, addr)),
-            FailureReason::RegionOverlaps,
-            "{addr:#x}"
-        );
-    }
+    assert_each_refused(
+        &cp,
+        a,
+        [
+            3 * MIB2 + PAGE,
+            4 * MIB2,
+            4 * MIB2 + MIB2 / 2,
+            5 * MIB2 - PAGE,
+        ],
+        |addr| req(2, addr),
+        FailureReason::RegionOverlaps,
+    );
     // A region containing the other one entirely.
     let r = CreateRequest {
         region_len: 4 * MIB2,

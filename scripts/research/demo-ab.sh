@@ -11,31 +11,21 @@
 # Afterwards target/release/svnic is REV_B's build.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/research/ab-lib.sh
 [ $# -ge 2 ] || { sed -n '2,11p' "$0" >&2; exit 2; }
 rev_a=$1 rev_b=$2
 shift 2
 rounds=3
 if [ $# -gt 0 ] && [ "$1" != -- ]; then rounds=$1; shift; fi
-[[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "demo-ab: ROUNDS must be a positive number, not '$rounds'" >&2; exit 2; }
+ab_rounds demo-ab "$rounds"
 [ "${1:-}" = -- ] && shift
 demo_args=("$@")
 [ ${#demo_args[@]} -gt 0 ] || demo_args=(--rounds 3000 --messages 2000000)
-repo=$(pwd)
-work=$(mktemp -d)
-cleanup() {
-    for x in a b; do
-        [ -d "$work/$x" ] && git -C "$repo" worktree remove --force "$work/$x" 2>/dev/null || true
-    done
-    rm -rf "$work"
-}
-trap cleanup EXIT
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$repo/target}
+ab_setup
 for x in a b; do
-    rev=$([ $x = a ] && echo "$rev_a" || echo "$rev_b")
-    git worktree add --quiet --detach "$work/$x" "$rev"
+    ab_worktree $x "$([ $x = a ] && echo "$rev_a" || echo "$rev_b")"
     (cd "$work/$x" && cargo build --quiet --release --bin svnic)
     cp "$CARGO_TARGET_DIR/release/svnic" "$work/svnic-$x"
-    echo "$x = $rev ($(git rev-parse --short "$rev"))"
 done
 for r in $(seq "$rounds"); do
     for x in a b; do

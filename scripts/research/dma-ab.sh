@@ -11,26 +11,16 @@
 # e.g. scripts/research/dma-ab.sh HEAD~1 HEAD 12. Needs gcc and 2 CPUs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/research/ab-lib.sh
 [ $# -ge 2 ] || { sed -n '2,11p' "$0" >&2; exit 2; }
 rounds=${3:-10}
-[[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "dma-ab: ROUNDS must be a positive number, not '$rounds'" >&2; exit 2; }
-repo=$(pwd)
-work=$(mktemp -d)
-cleanup() {
-    for x in a b; do
-        [ -d "$work/$x" ] && git -C "$repo" worktree remove --force "$work/$x" 2>/dev/null || true
-    done
-    rm -rf "$work"
-}
-trap cleanup EXIT
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$repo/target}
+ab_rounds dma-ab "$rounds"
+ab_setup
 gcc -O2 -pthread scripts/research/core-latency.c -o "$work/core-latency"
 for x in a b; do
-    rev=$([ $x = a ] && echo "$1" || echo "$2")
-    git worktree add --quiet --detach "$work/$x" "$rev"
+    ab_worktree $x "$([ $x = a ] && echo "$1" || echo "$2")"
     bin=$(cd "$work/$x" && "$repo/scripts/research/bench-binary.sh" --manifest-path "$work/$x/Cargo.toml")
     cp "$bin" "$work/bench-$x"
-    echo "$x = $rev ($(git rev-parse --short "$rev"))"
 done
 # The row's paired ratio from one run of bench $1; fails, saying so, if the run printed none.
 ratio() {

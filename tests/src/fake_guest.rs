@@ -262,7 +262,37 @@ pub fn guest_pair(engine: &Engine) -> (FakeGuest, FakeGuest, Channel, Channel) {
 
 /// Sends a DMA-data message of `len` bytes at `offset` of `ch`'s region to `dest`, and flushes.
 pub fn send_dma_flushed(ch: &mut Channel, dest: ChannelAddr, cookie: u64, offset: u64, len: u32) {
-    ch.send_dma(dest, cookie, DataRef { offset, len }).unwrap();
+    let queued = ch.send_dma(dest, cookie, DataRef { offset, len }).unwrap();
+    assert!(queued, "TX ring full");
+    ch.flush().unwrap();
+}
+
+/// Posts the receive buffer of `len` bytes at `offset` of `ch`'s region under `cookie`, and
+/// flushes.
+pub fn post_flushed(ch: &mut Channel, cookie: u64, offset: u64, len: u32) {
+    assert!(
+        ch.post_buffer(cookie, DataRef { offset, len }).unwrap(),
+        "post ring full"
+    );
+    ch.flush().unwrap();
+}
+
+/// Queues user-data messages carrying `data` to `dest`, with cookies `*sent` up to `n`, while
+/// `ch`'s TX ring has room (advancing `*sent`), then flushes.
+pub fn send_user_while_room(
+    ch: &mut Channel,
+    dest: ChannelAddr,
+    sent: &mut u64,
+    n: u64,
+    data: &[u8],
+) {
+    while *sent < n
+        && ch
+            .send_user(dest, *sent, data, Completions::OnError)
+            .unwrap()
+    {
+        *sent += 1;
+    }
     ch.flush().unwrap();
 }
 

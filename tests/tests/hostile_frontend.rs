@@ -39,6 +39,13 @@ fn evil_up_to_features(arena: &Arena) -> NetFrontend {
     f
 }
 
+/// [`evil_up_to_features`], then the memory table.
+fn evil_with_memory(arena: &Arena) -> NetFrontend {
+    let f = evil_up_to_features(arena);
+    f.set_mem_table().unwrap();
+    f
+}
+
 /// Gives the daemon [`SETTLE`] to handle what the test published, then the verdict.
 fn settle_then_assert_unharmed(arena: Arena, before: Footprint) {
     std::thread::sleep(SETTLE);

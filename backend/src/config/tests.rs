@@ -162,12 +162,17 @@ fn socket_access_and_admin_settings_load_from_a_toml_file() {
         ),
     ];
     for (i, (text, field)) in bad_cases.iter().enumerate() {
-        let bad = dir.join(format!("bad{i}.toml"));
-        std::fs::write(&bad, text).unwrap();
-        let e = DaemonConfig::load(Some(&bad), &[], &EngineOverrides::default(), None).unwrap_err();
+        let e = load_file_err(&dir, &format!("bad{i}.toml"), text);
         assert!(e.to_string().contains(field), "{text}: {e}");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Writes `text` to `dir`/`name` and returns the error loading it gives.
+fn load_file_err(dir: &std::path::Path, name: &str, text: &str) -> ConfigError {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    DaemonConfig::load(Some(&path), &[], &EngineOverrides::default(), None).unwrap_err()
 }
 
 #[test]
@@ -205,18 +210,14 @@ fn a_toml_file_with_engine_settings_loads_and_unknown_keys_fail() {
     assert_eq!(c.engine.backpressure_wait, Duration::from_millis(5));
     assert_eq!(c.admin_socket, PathBuf::from("/tmp/x.sock"));
     assert_eq!(c.guests[0].policy.max_channels, 3);
-    let bad = dir.join("bad.toml");
-    std::fs::write(&bad, "[engine]\nworkerz = 2\n").unwrap();
-    let e = DaemonConfig::load(Some(&bad), &[], &EngineOverrides::default(), None).unwrap_err();
+    let e = load_file_err(&dir, "bad.toml", "[engine]\nworkerz = 2\n");
     assert!(e.to_string().contains("workerz"), "{e}");
     // A placement outside the accepted ones: the error names the field, the value and the choices.
-    let bad = dir.join("bad-placement.toml");
-    std::fs::write(
-        &bad,
+    let e = load_file_err(
+        &dir,
+        "bad-placement.toml",
         "[engine]\nplacement = \"fastest\"\n[[guest]]\nname=\"a\"\nsocket=\"/a\"\nmac=\"52:54:00:00:00:01\"\n",
-    )
-    .unwrap();
-    let e = DaemonConfig::load(Some(&bad), &[], &EngineOverrides::default(), None).unwrap_err();
+    );
     for word in [
         "bad-placement.toml",
         "placement",
@@ -226,13 +227,11 @@ fn a_toml_file_with_engine_settings_loads_and_unknown_keys_fail() {
     ] {
         assert!(e.to_string().contains(word), "{word} missing from {e}");
     }
-    let bad = dir.join("bad2.toml");
-    std::fs::write(
-        &bad,
+    let e = load_file_err(
+        &dir,
+        "bad2.toml",
         "[engine]\nworkers = 0\n[[guest]]\nname=\"a\"\nsocket=\"/a\"\nmac=\"52:54:00:00:00:01\"\n",
-    )
-    .unwrap();
-    let e = DaemonConfig::load(Some(&bad), &[], &EngineOverrides::default(), None).unwrap_err();
+    );
     assert!(
         matches!(e, ConfigError::Field { ref field, .. } if field == "workers"),
         "{e}"

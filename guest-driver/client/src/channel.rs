@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 use svnic_channels::layout::header;
 use svnic_channels::message::FLAG_WANT_COMPLETION;
 use svnic_channels::{
-    ChannelAddr, ChannelLayout, ChannelMem, Consumer, DataRef, DecodeError, DmaData, FaultReason,
-    LayoutError, Message, PostBuffer, Producer, RingError, RingKind, SharedRegion, UserData,
+    ChannelAddr, ChannelId, ChannelLayout, ChannelMem, Consumer, DataRef, DecodeError, DmaData,
+    FaultReason, LayoutError, Message, PostBuffer, Producer, RingError, RingKind, SharedRegion,
+    UserData,
 };
 use thiserror::Error;
 use vm_memory::{Bytes, VolatileMemory};
@@ -99,6 +100,24 @@ pub enum ChannelError {
         /// Data area end.
         end: u64,
     },
+}
+
+/// Errors about a channel a client created, the same for the VM transport and the host-process
+/// control client.
+#[derive(Debug, Error)]
+pub enum OwnedChannelError {
+    /// The engine said Success but the channel memory is not a usable channel.
+    #[error("the engine created {channel}, but it is not a usable channel: {source}; it is being destroyed")]
+    Attach {
+        /// The channel.
+        channel: ChannelId,
+        /// What attaching found.
+        #[source]
+        source: ChannelError,
+    },
+    /// The channel was not created by this client, or its destroy already began.
+    #[error("{0} is not a live channel of this client")]
+    Unknown(ChannelId),
 }
 
 /// How long [`Channel::wait_poll`] polls before it sleeps: `spins` busy polls, then `yields`

@@ -16,4 +16,7 @@ pub mod channel;
 pub mod request_table;
 pub mod vm;
 
-pub use channel::{Channel, ChannelError, ClientStats, Completions, Doorbell, WaitPolicy, Waiter};
+pub use channel::{
+    Channel, ChannelError, ClientStats, Completions, Doorbell, OwnedChannelError, WaitPolicy,
+    Waiter,
+};

@@ -11,7 +11,8 @@ use svnic_tests::raw_frontend::{flags, mem_table, req, MemRegion, Sealing};
 use svnic_tests::virtqueue::{Desc, SplitQueue, DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE};
 
 use super::super::{
-    broadcast_from_a, evil_up_to_features, polite_evil, settle_then_assert_unharmed, SETTLE,
+    broadcast_from_a, evil_up_to_features, evil_with_memory, polite_evil,
+    settle_then_assert_unharmed, SETTLE,
 };
 
 fn desc(addr: u64, len: u32, flags: u16, next: u16) -> Desc {
@@ -45,16 +46,22 @@ fn publish_everywhere(arena: &Arena, f: &mut NetFrontend, chains: &[Vec<Desc>]) 
     std::thread::sleep(SETTLE);
 }
 
+/// Starts an arena named `name`, publishes `chains` everywhere from a polite evil frontend, and
+/// asserts that the daemon is unharmed.
+fn assert_chains_harmless(name: &str, chains: &[Vec<Desc>]) {
+    let arena = Arena::start(name, 0);
+    let mut f = polite_evil(&arena);
+    let before = arena.footprint();
+    publish_everywhere(&arena, &mut f, chains);
+    arena.assert_unharmed(before, Bounds::default());
+}
+
 /// CVE-2018-1059: descriptors whose buffer starts inside memory and ends outside it, or lies
 /// wholly outside it.
 #[test]
 fn cve_2018_1059_descriptors_leaving_memory() {
-    let arena = Arena::start("hostile-cve2018-desc", 0);
-    let mut f = polite_evil(&arena);
-    let before = arena.footprint();
-    publish_everywhere(
-        &arena,
-        &mut f,
+    assert_chains_harmless(
+        "hostile-cve2018-desc",
         &[
             vec![desc(MEM_SIZE - 16, 4096, 0, 0)],
             vec![desc(MEM_SIZE, 64, 0, 0)],
@@ -66,7 +73,6 @@ fn cve_2018_1059_descriptors_leaving_memory() {
             ],
         ],
     );
-    arena.assert_unharmed(before, Bounds::default());
 }
 
 /// CVE-2018-1059: ring addresses outside every region, or starting inside and running off its
@@ -82,8 +88,7 @@ fn cve_2018_1059_ring_addresses_leaving_memory() {
         (MEM_SIZE - 16, 0x2_1000, 0x2_2000),
         (u64::MAX - 4095, u64::MAX - 1023, u64::MAX - 511),
     ] {
-        let mut f = evil_up_to_features(&arena);
-        f.set_mem_table().unwrap();
+        let mut f = evil_with_memory(&arena);
         let q = &mut f.queues[usize::from(TX)];
         (q.desc, q.avail, q.used) = (desc_gpa, avail_gpa, used_gpa);
         let _ = f.setup_vring(TX);
@@ -97,12 +102,8 @@ fn cve_2018_1059_ring_addresses_leaving_memory() {
 /// total length overflows.
 #[test]
 fn cve_2020_10722_lengths_near_integer_limits() {
-    let arena = Arena::start("hostile-cve2020-len", 0);
-    let mut f = polite_evil(&arena);
-    let before = arena.footprint();
-    publish_everywhere(
-        &arena,
-        &mut f,
+    assert_chains_harmless(
+        "hostile-cve2020-len",
         &[
             vec![desc(FREE, u32::MAX, 0, 0)],
             vec![desc(u64::MAX - 15, 32, 0, 0)],
@@ -116,7 +117,6 @@ fn cve_2020_10722_lengths_near_integer_limits() {
             vec![desc(FREE, 11, 0, 0)],
         ],
     );
-    arena.assert_unharmed(before, Bounds::default());
 }
 
 /// CVE-2020-10723: chains that loop (directly, through each other, through an indirect table),

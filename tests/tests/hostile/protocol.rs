@@ -13,7 +13,7 @@ use svnic_tests::raw_frontend::{
 };
 use svnic_tests::virtqueue::Desc;
 
-use super::super::{evil_up_to_features, polite_evil, settle_then_assert_unharmed, SETTLE};
+use super::super::{evil_with_memory, polite_evil, settle_then_assert_unharmed, SETTLE};
 
 /// Attack 1: the memfd behind the memory table shrinks to nothing before the rings are set up;
 /// SET_VRING_ADDR makes the backend read the used ring.
@@ -154,8 +154,7 @@ fn attack_03_a_thousand_memory_regions_added() {
 #[test]
 fn attack_05_a_blocking_pipe_as_call_fd() {
     let arena = Arena::start("hostile-a05", 0);
-    let mut f = evil_up_to_features(&arena);
-    f.set_mem_table().unwrap();
+    let mut f = evil_with_memory(&arena);
     f.setup_vring(RX).unwrap();
     let pipe = Pipe::small().unwrap();
     let before = arena.footprint();

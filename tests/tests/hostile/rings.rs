@@ -4,13 +4,17 @@
 use std::time::Duration;
 
 use svnic_tests::arena::Arena;
-use svnic_tests::net_frontend::{FREE, RX, TX};
+use svnic_tests::net_frontend::{NetFrontend, FREE, RX, TX};
 use svnic_tests::raw_frontend::{req, vring_state};
 use svnic_tests::virtqueue::{Desc, DESC_F_WRITE};
 
-use super::super::{
-    broadcast_from_a, evil_up_to_features, polite_evil, settle_then_assert_unharmed,
-};
+use super::super::{broadcast_from_a, evil_with_memory, polite_evil, settle_then_assert_unharmed};
+
+/// Sends the ring-state request `request` (`what`, for logs) for ring `q` with `value`, whether
+/// or not the backend accepts it.
+fn send_vring_state(f: &NetFrontend, what: &str, request: u32, q: u16, value: u32) {
+    let _ = f.request(what, request, &vring_state(u32::from(q), value), &[]);
+}
 
 /// `avail.idx` far ahead of what was consumed (a whole ring and more, and "behind"), with
 /// ring entries naming descriptors past the table, on TX and RX.
@@ -55,17 +59,11 @@ fn cve_2024_11614_bogus_ring_sizes() {
         1 << 20,
         u32::MAX,
     ] {
-        let mut f = evil_up_to_features(&arena);
-        f.set_mem_table().unwrap();
+        let mut f = evil_with_memory(&arena);
         let _ = f.setup_vring(RX);
         let _ = f.setup_vring(TX);
         for q in [RX, TX] {
-            let _ = f.request(
-                "SET_VRING_NUM",
-                req::SET_VRING_NUM,
-                &vring_state(u32::from(q), num),
-                &[],
-            );
+            send_vring_state(&f, "SET_VRING_NUM", req::SET_VRING_NUM, q, num);
         }
         let _ = f.send_frame(&[0u8; 60]);
         let _ = f.post_rx(8);
@@ -82,16 +80,10 @@ fn cve_2024_11614_absurd_ring_bases_and_indices() {
     let arena = Arena::start("hostile-cve2024-base", 0);
     let before = arena.footprint();
     for base in [0x8000u32, 0xffff, 0x1_0000, u32::MAX] {
-        let mut f = evil_up_to_features(&arena);
-        f.set_mem_table().unwrap();
+        let mut f = evil_with_memory(&arena);
         for q in [RX, TX] {
             let _ = f.setup_vring(q);
-            let _ = f.request(
-                "SET_VRING_BASE",
-                req::SET_VRING_BASE,
-                &vring_state(u32::from(q), base),
-                &[],
-            );
+            send_vring_state(&f, "SET_VRING_BASE", req::SET_VRING_BASE, q, base);
         }
         for ring in [2u32, 255, 0x8000, u32::MAX] {
             for request in [

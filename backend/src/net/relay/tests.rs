@@ -22,6 +22,15 @@ struct Pair {
     relay: Relay,
 }
 
+/// Sends a SET_VRING_CALL for ring 1 from the frontend side, carrying `fd`; returns the message.
+fn send_vring_call(p: &Pair, fd: std::os::fd::RawFd) -> Vec<u8> {
+    let call = message(13, 1, &0u64.to_le_bytes());
+    p.frontend
+        .send_with_fds(&[&call[..HEADER_LEN], &call[HEADER_LEN..]], &[fd])
+        .unwrap();
+    call
+}
+
 fn relayed() -> Pair {
     relayed_with_timeout(WRITE_TIMEOUT)
 }
@@ -102,13 +111,7 @@ fn early_vring_enables_are_held_until_features_then_replayed() {
 fn descriptors_travel_with_their_message() {
     let p = relayed();
     let a = EventFd::new(0).unwrap();
-    let call = message(13, 1, &0u64.to_le_bytes());
-    p.frontend
-        .send_with_fds(
-            &[&call[..HEADER_LEN], &call[HEADER_LEN..]],
-            &[a.as_raw_fd()],
-        )
-        .unwrap();
+    let call = send_vring_call(&p, a.as_raw_fd());
     let mut buf = vec![0u8; call.len()];
     let mut fds = [-1; 4];
     let mut iov = [libc::iovec {
@@ -254,13 +257,7 @@ fn a_refused_call_fd_is_closed() {
     let mut read_end = unsafe { File::from_raw_fd(fds[0]) };
     // SAFETY: pipe2() just created fds[1], owned by nobody else.
     let write_end = unsafe { File::from_raw_fd(fds[1]) };
-    let call = message(13, 1, &0u64.to_le_bytes());
-    p.frontend
-        .send_with_fds(
-            &[&call[..HEADER_LEN], &call[HEADER_LEN..]],
-            &[write_end.as_raw_fd()],
-        )
-        .unwrap();
+    send_vring_call(&p, write_end.as_raw_fd());
     drop(write_end);
     let ended = join_within(p.relay, Duration::from_secs(60));
     assert!(

@@ -41,10 +41,20 @@ fn used(vq: &MockSplitQueue<'_, GuestMemoryMmap>) -> Vec<(u32, u32)> {
         .collect()
 }
 
-fn read_tx(mem: &GuestMemoryMmap, descs: &[RawDescriptor]) -> Result<Vec<u8>, TxError> {
+/// A 16-entry queue in `mem` whose driver offered `descs` (chained by their flags), and the
+/// device's [`Queue`] over it.
+fn queue_with<'a>(
+    mem: &'a GuestMemoryMmap,
+    descs: &[RawDescriptor],
+) -> (MockSplitQueue<'a, GuestMemoryMmap>, Queue) {
     let vq = MockSplitQueue::new(mem, 16);
     vq.add_desc_chains(descs, 0).unwrap();
-    let mut q: Queue = vq.create_queue().unwrap();
+    let q = vq.create_queue().unwrap();
+    (vq, q)
+}
+
+fn read_tx(mem: &GuestMemoryMmap, descs: &[RawDescriptor]) -> Result<Vec<u8>, TxError> {
+    let (_vq, mut q) = queue_with(mem, descs);
     let chain = q.iter(mem).unwrap().next().unwrap();
     let mut out = Vec::new();
     read_tx_frame(chain, mem, NET_HDR_LEN, &mut out).map(|()| out)
@@ -103,12 +113,10 @@ fn tx_rejects_bad_chains() {
 #[test]
 fn rx_spans_mergeable_buffers_and_sets_num_buffers() {
     let mem = memory();
-    let vq = MockSplitQueue::new(&mem, 16);
     let descs: Vec<_> = (0..4)
         .map(|i| desc(BUF_BASE + i * 0x1000, 1500, WRITE, 0))
         .collect();
-    vq.add_desc_chains(&descs, 0).unwrap();
-    let mut q: Queue = vq.create_queue().unwrap();
+    let (vq, mut q) = queue_with(&mem, &descs);
 
     let f = frame(3000);
     let w = write_rx_frame(&mut q, &mem, &f, &mergeable()).unwrap();
@@ -130,10 +138,7 @@ fn rx_spans_mergeable_buffers_and_sets_num_buffers() {
 #[test]
 fn rx_without_enough_buffers_gives_them_back() {
     let mem = memory();
-    let vq = MockSplitQueue::new(&mem, 16);
-    vq.add_desc_chains(&[desc(BUF_BASE, 1500, WRITE, 0)], 0)
-        .unwrap();
-    let mut q: Queue = vq.create_queue().unwrap();
+    let (vq, mut q) = queue_with(&mem, &[desc(BUF_BASE, 1500, WRITE, 0)]);
 
     let w = write_rx_frame(&mut q, &mem, &frame(3000), &mergeable()).unwrap();
     assert_eq!(w.outcome, RxOutcome::NoBuffers { avail_idx: 1 });
@@ -148,18 +153,15 @@ fn rx_without_enough_buffers_gives_them_back() {
 #[test]
 fn rx_bad_chains_are_returned_empty_before_the_frame() {
     let mem = memory();
-    let vq = MockSplitQueue::new(&mem, 16);
-    vq.add_desc_chains(
+    let (vq, mut q) = queue_with(
+        &mem,
         &[
             desc(BUF_BASE, 1500, 0, 0),           // device-readable: bad
             desc(0x1000_0000, 1500, WRITE, 0),    // outside memory: bad
             desc(BUF_BASE + 0x1000, 8, WRITE, 0), // smaller than the header: bad
             desc(BUF_BASE + 0x2000, 1500, WRITE, 0),
         ],
-        0,
-    )
-    .unwrap();
-    let mut q: Queue = vq.create_queue().unwrap();
+    );
     let w = write_rx_frame(&mut q, &mem, &frame(60), &mergeable()).unwrap();
     assert_eq!(w.outcome, RxOutcome::Delivered { buffers: 1 });
     assert_eq!(w.bad_chains, 3);
@@ -169,10 +171,7 @@ fn rx_bad_chains_are_returned_empty_before_the_frame() {
 #[test]
 fn rx_ring_of_only_bad_chains_drains() {
     let mem = memory();
-    let vq = MockSplitQueue::new(&mem, 16);
-    vq.add_desc_chains(&[desc(BUF_BASE, 1500, 0, 0)], 0)
-        .unwrap();
-    let mut q: Queue = vq.create_queue().unwrap();
+    let (vq, mut q) = queue_with(&mem, &[desc(BUF_BASE, 1500, 0, 0)]);
     let w = write_rx_frame(&mut q, &mem, &frame(60), &mergeable()).unwrap();
     assert_eq!(w.outcome, RxOutcome::NoBuffers { avail_idx: 1 });
     assert_eq!(w.bad_chains, 1);
@@ -183,16 +182,13 @@ fn rx_ring_of_only_bad_chains_drains() {
 #[test]
 fn rx_without_mrg_rxbuf_drops_frames_larger_than_one_chain() {
     let mem = memory();
-    let vq = MockSplitQueue::new(&mem, 16);
-    vq.add_desc_chains(
+    let (vq, mut q) = queue_with(
+        &mem,
         &[
             desc(BUF_BASE, 1000, WRITE | NEXT, 1),
             desc(BUF_BASE + 0x1000, 1000, WRITE, 0),
         ],
-        0,
-    )
-    .unwrap();
-    let mut q: Queue = vq.create_queue().unwrap();
+    );
     let net = NetFeatures::from_acked(1 << VIRTIO_F_VERSION_1);
     assert!(!net.mergeable);
     let w = write_rx_frame(&mut q, &mem, &frame(2500), &net).unwrap();

@@ -19,7 +19,7 @@ use super::protocol::{
     AgentFailure, ProtocolError, Request, Response, MAX_MESSAGE_LEN, REGION_FDS,
 };
 use super::seqpacket::SeqPacket;
-use crate::channel::{Channel, ChannelError, Doorbell, Waiter};
+use crate::channel::{Channel, ChannelError, Doorbell, OwnedChannelError, Waiter};
 
 /// How long [`AgentClient::connect`] waits for the agent's Hello.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -81,18 +81,9 @@ pub enum AgentError {
     /// The passed memory could not be mapped.
     #[error("cannot map the channel memory: {0}")]
     Map(#[source] std::io::Error),
-    /// The engine said Success but the memory is not a usable channel (it is being destroyed).
-    #[error("{channel}: created, but not usable: {source}; it is being destroyed")]
-    Attach {
-        /// The channel.
-        channel: ChannelId,
-        /// What attaching found.
-        #[source]
-        source: ChannelError,
-    },
-    /// The channel was not created by this client (or was destroyed).
-    #[error("{0} is not a live channel of this client")]
-    UnknownChannel(ChannelId),
+    /// The channel was not usable once created, or is not this client's.
+    #[error(transparent)]
+    Channel(#[from] OwnedChannelError),
 }
 
 /// What the agent said in its Hello.
@@ -442,7 +433,7 @@ impl AgentClient {
                 let t = io.fresh_token();
                 io.abandoned.insert(t);
                 inner.send(Request::Destroy { token: t, channel })?;
-                Err(AgentError::Attach { channel, source })
+                Err(OwnedChannelError::Attach { channel, source }.into())
             }
         }
     }
@@ -453,7 +444,7 @@ impl AgentClient {
         let inner = &self.inner;
         let id = ChannelId(channel.id());
         if lock(&inner.wakes).remove(&id.0).is_none() {
-            return Err(AgentError::UnknownChannel(id));
+            return Err(OwnedChannelError::Unknown(id).into());
         }
         drop(channel);
         let deadline = Instant::now() + timeout;
@@ -488,7 +479,7 @@ impl AgentClient {
         let event = lock(&self.inner.wakes)
             .get(&id)
             .cloned()
-            .ok_or(AgentError::UnknownChannel(ChannelId(id)))?;
+            .ok_or(OwnedChannelError::Unknown(ChannelId(id)))?;
         Ok(AgentWaiter {
             event,
             conn: self.inner.clone(),

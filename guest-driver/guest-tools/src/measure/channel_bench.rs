@@ -41,6 +41,29 @@ fn recv_one(
     }
 }
 
+/// The next message that is not a completion: Ok completions are skipped, any other completion
+/// fails the measurement as `during`.
+fn recv_data(
+    ch: &mut Channel,
+    waiter: &dyn Waiter,
+    timeout: Duration,
+    buf: &mut Vec<Message>,
+    during: impl Fn() -> String,
+) -> Result<Message, MeasureError> {
+    loop {
+        match recv_one(ch, waiter, timeout, buf)? {
+            Message::Completion(c) if c.status == CompletionStatus::Ok => continue,
+            Message::Completion(c) => {
+                return Err(MeasureError::Completion {
+                    during: during(),
+                    status: c.status,
+                })
+            }
+            m => return Ok(m),
+        }
+    }
+}
+
 /// Sends one message of `size` bytes (user-data: inline; DMA: from the start of the data area,
 /// into a buffer the peer posted) and waits for the peer's reply, `count` times.
 /// The reply of a DMA ping is a DMA message too; the initiator keeps one buffer posted.
@@ -89,18 +112,9 @@ pub fn channel_ping(
             });
         }
         ch.flush()?;
-        loop {
-            match recv_one(ch, waiter, Duration::from_secs(10), &mut buf)? {
-                Message::Completion(c) if c.status == CompletionStatus::Ok => continue,
-                Message::Completion(c) => {
-                    return Err(MeasureError::Completion {
-                        during: format!("ping {i}"),
-                        status: c.status,
-                    })
-                }
-                _ => break,
-            }
-        }
+        recv_data(ch, waiter, Duration::from_secs(10), &mut buf, || {
+            format!("ping {i}")
+        })?;
         samples.push(t0.elapsed());
     }
     Ok(LatencyStats::from_samples(samples))
@@ -131,14 +145,9 @@ pub fn channel_echo(
             posted = true;
         }
         let m = loop {
-            match recv_one(ch, waiter, Duration::from_secs(30), &mut buf)? {
-                Message::Completion(c) if c.status == CompletionStatus::Ok => continue,
-                Message::Completion(c) => {
-                    return Err(MeasureError::Completion {
-                        during: format!("echo {i}"),
-                        status: c.status,
-                    })
-                }
+            match recv_data(ch, waiter, Duration::from_secs(30), &mut buf, || {
+                format!("echo {i}")
+            })? {
                 Message::UserData(u) if is_probe(&u) => answer_probe(ch, u.peer)?,
                 m => break m,
             }
@@ -205,6 +214,31 @@ fn fail_on_completion(ch: &mut Channel, buf: &mut Vec<Message>) -> Result<(), Me
     Ok(())
 }
 
+/// How long [`channel_stream_send`] waits for the engine to take its messages.
+const STREAM_DEADLINE: Duration = Duration::from_secs(120);
+
+/// One turn of [`channel_stream_send`]'s waits for the engine: drains error completions (so that
+/// a full RX ring never blocks the engine), fails as `during` once `deadline` passed, and lets
+/// the engine worker (maybe on this very CPU) run.
+fn stream_wait_turn(
+    ch: &mut Channel,
+    buf: &mut Vec<Message>,
+    deadline: Instant,
+    during: &'static str,
+    progress: impl FnOnce() -> String,
+) -> Result<(), MeasureError> {
+    fail_on_completion(ch, buf)?;
+    if Instant::now() > deadline {
+        return Err(MeasureError::TimedOut {
+            during,
+            waited: STREAM_DEADLINE,
+            progress: progress(),
+        });
+    }
+    std::thread::yield_now();
+    Ok(())
+}
+
 /// Streams `count` user-data messages of `size` bytes to `peer` as fast as the TX ring allows,
 /// flushing once per batch. Returns when the engine has taken every message from the TX ring
 /// (delivered, or an error completion came back), so that the channel may be destroyed.
@@ -217,32 +251,26 @@ pub fn channel_stream_send(
     let payload = vec![0x5au8; size.min(svnic_channels::message::INLINE_CAPACITY)];
     let mut sent = 0u64;
     let mut buf = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let deadline = Instant::now() + STREAM_DEADLINE;
     while sent < count {
         sent = send_user_batch(ch, peer, &payload, sent, count)?;
-        // Drain error completions so that a full RX ring never blocks the engine.
-        fail_on_completion(ch, &mut buf)?;
-        if Instant::now() > deadline {
-            return Err(MeasureError::TimedOut {
-                during: "stream: the TX ring stayed full",
-                waited: Duration::from_secs(120),
-                progress: format!("{sent} of {count} sent"),
-            });
-        }
-        // The ring is full: let the engine worker (maybe on this very CPU) drain it.
-        std::thread::yield_now();
+        stream_wait_turn(
+            ch,
+            &mut buf,
+            deadline,
+            "stream: the TX ring stayed full",
+            || format!("{sent} of {count} sent"),
+        )?;
     }
     let ring = ch.layout().ring_size;
     while ch.tx_free()? < ring {
-        fail_on_completion(ch, &mut buf)?;
-        if Instant::now() > deadline {
-            return Err(MeasureError::TimedOut {
-                during: "stream: the engine stopped taking messages",
-                waited: Duration::from_secs(120),
-                progress: format!("{sent} of {count} sent"),
-            });
-        }
-        std::thread::yield_now();
+        stream_wait_turn(
+            ch,
+            &mut buf,
+            deadline,
+            "stream: the engine stopped taking messages",
+            || format!("{sent} of {count} sent"),
+        )?;
     }
     Ok(())
 }

@@ -32,6 +32,30 @@ fn usage(h: &Harness, uid: u32) -> UidUsage {
     h.status().users.get(&uid).copied().unwrap_or_default()
 }
 
+/// An agent named `name` with `users`, and a connection of user A and one of user B; `None`
+/// (the test is skipped) unless the test runs as root.
+fn users_a_and_b(name: &str, users: UserPolicy) -> Option<(Harness, Raw, Raw)> {
+    let h = Harness::start_users(name, Behaviour::default(), users);
+    let a = Raw::connect_as(&h, A)?;
+    let b = Raw::connect_as(&h, B).unwrap();
+    Some((h, a, b))
+}
+
+/// Asserts that `create` is refused for user A's channel quota, that the agent has counted
+/// `refusals` such refusals in all, and that A is still charged 2 channels.
+#[track_caller]
+fn assert_quota_refused(
+    h: &Harness,
+    create: Result<ChannelId, (AgentFailure, String)>,
+    refusals: u64,
+) {
+    assert_eq!(refused(create).0, AgentFailure::UidChannelQuota);
+    wait_until("the refusals counted", || {
+        h.status().refused_quota == refusals
+    });
+    assert_eq!(usage(h, A).channels, 2);
+}
+
 /// Sends Destroy without waiting for the answer (the engine may hold it).
 fn destroy(raw: &Raw, token: u32, channel: ChannelId) {
     raw.send(Request::Destroy { token, channel });
@@ -79,12 +103,7 @@ fn the_uids_channel_quota_refuses_naming_the_limit_until_the_engine_acknowledged
     wait_until("the destroy frame", || {
         h.engine.seen(|s| s.destroys.contains(&first))
     });
-    assert_eq!(
-        refused(a2.try_create(4, 5)).0,
-        AgentFailure::UidChannelQuota
-    );
-    wait_until("three refusals counted", || h.status().refused_quota == 3);
-    assert_eq!(usage(&h, A).channels, 2);
+    assert_quota_refused(&h, a2.try_create(4, 5), 3);
     h.engine.release();
     destroyed(&a1, 3);
     wait_until("the quota released", || usage(&h, A).channels == 1);
@@ -138,12 +157,7 @@ fn a_killed_client_keeps_its_uid_charged_until_the_engine_acknowledged_and_then_
     wait_until("the app is gone", || h.status().apps == 0);
     // A new application of the same user cannot get around the quota by the kill.
     let next = Raw::connect_as(&h, A).unwrap();
-    assert_eq!(
-        refused(next.try_create(1, 3)).0,
-        AgentFailure::UidChannelQuota
-    );
-    wait_until("the refusal counted", || h.status().refused_quota == 1);
-    assert_eq!(usage(&h, A).channels, 2);
+    assert_quota_refused(&h, next.try_create(1, 3), 1);
     h.engine.release();
     wait_until("the memory is freed", || h.memory.free_bytes() == free);
     wait_until("the quota released", || !h.status().users.contains_key(&A));
@@ -153,11 +167,9 @@ fn a_killed_client_keeps_its_uid_charged_until_the_engine_acknowledged_and_then_
 
 #[test]
 fn an_endpoint_reserved_for_another_uid_is_refused_and_root_may_claim_it() {
-    let h = Harness::start_users("uid-range", Behaviour::default(), reserved(B, 100, 199));
-    let Some(a) = Raw::connect_as(&h, A) else {
+    let Some((h, a, b)) = users_a_and_b("uid-range", reserved(B, 100, 199)) else {
         return;
     };
-    let b = Raw::connect_as(&h, B).unwrap();
     let (why, detail) = refused(a.try_create(1, 150));
     assert_eq!(why, AgentFailure::EndpointOwned);
     assert!(
@@ -181,11 +193,9 @@ fn an_endpoint_reserved_for_another_uid_is_refused_and_root_may_claim_it() {
 
 #[test]
 fn a_first_come_endpoint_is_its_uids_until_the_engine_acknowledged_the_destroy() {
-    let h = Harness::start_users("uid-first", Behaviour::default(), UserPolicy::default());
-    let Some(a) = Raw::connect_as(&h, A) else {
+    let Some((h, a, b)) = users_a_and_b("uid-first", UserPolicy::default()) else {
         return;
     };
-    let b = Raw::connect_as(&h, B).unwrap();
     let ch = a.try_create(1, 7).unwrap();
     let (why, detail) = refused(b.try_create(1, 7));
     assert_eq!(why, AgentFailure::EndpointOwned);
@@ -209,11 +219,9 @@ fn a_first_come_endpoint_is_its_uids_until_the_engine_acknowledged_the_destroy()
 
 #[test]
 fn two_uids_cannot_hold_one_endpoint_even_before_the_engine_hears_of_it() {
-    let h = Harness::start_users("uid-race", Behaviour::default(), UserPolicy::default());
-    let Some(a) = Raw::connect_as(&h, A) else {
+    let Some((h, a, b)) = users_a_and_b("uid-race", UserPolicy::default()) else {
         return;
     };
-    let b = Raw::connect_as(&h, B).unwrap();
     a.send(Request::Create {
         token: 1,
         endpoint: 9,

@@ -6,7 +6,7 @@ use svnic_channels::{ChannelId, DecodeError, FailureReason, LayoutError};
 use thiserror::Error;
 
 use crate::virtio_user::{MemoryError, VirtioUserError};
-use svnic_client::channel::ChannelError;
+use svnic_client::OwnedChannelError;
 
 /// Errors of the control client.
 #[derive(Debug, Error)]
@@ -43,18 +43,9 @@ pub enum ClientError {
         /// How long we waited.
         waited: Duration,
     },
-    /// The engine said Success but the channel memory is not a valid channel.
-    #[error("the engine created {channel}, but its region is not a usable channel: {source}; it is being destroyed")]
-    Attach {
-        /// The channel.
-        channel: ChannelId,
-        /// What attaching found.
-        #[source]
-        source: ChannelError,
-    },
-    /// The channel was not created by this client, or its destroy already began.
-    #[error("{0} is not a live channel of this client")]
-    UnknownChannel(ChannelId),
+    /// The channel was not usable once created, or is not this client's.
+    #[error(transparent)]
+    Channel(#[from] OwnedChannelError),
     /// A control frame could not be encoded.
     #[error("cannot encode a control frame: {0}")]
     Encode(#[from] DecodeError),

@@ -44,6 +44,7 @@ use self::core::Core;
 use crate::virtio_user::{CallWaiter, MemfdMemory, VirtioNet, DEFAULT_QUEUE_SIZE};
 use svnic_client::channel::{Channel, Doorbell};
 use svnic_client::request_table::Outcome;
+use svnic_client::OwnedChannelError;
 
 /// State shared by the client, its pending channels, doorbells and waiters.
 #[derive(Debug)]
@@ -256,7 +257,7 @@ impl HostGuest {
             let request_id = core
                 .table
                 .begin_destroy(id)
-                .ok_or(ClientError::UnknownChannel(id))?;
+                .ok_or(OwnedChannelError::Unknown(id))?;
             core.send_request(ControlRequest {
                 request_id,
                 op: ControlOp::Destroy { channel: id },

@@ -11,6 +11,7 @@ use super::notify::FrameDoorbell;
 use super::Shared;
 use svnic_client::channel::Channel;
 use svnic_client::request_table::Outcome;
+use svnic_client::OwnedChannelError;
 
 /// Where a create request stands.
 #[derive(Debug)]
@@ -133,7 +134,7 @@ impl PendingChannel {
                 // The engine holds a channel we cannot use: give it back.
                 let mut core = self.shared.lock();
                 core.apply(vec![svnic_client::request_table::Action::Destroy(channel)])?;
-                Err(ClientError::Attach { channel, source })
+                Err(OwnedChannelError::Attach { channel, source }.into())
             }
         }
     }

@@ -8,7 +8,7 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use svnic_client::Completions;
+use svnic_client::{Completions, OwnedChannelError};
 
 use svnic_channels::frame::{
     ControlOp, ControlResponse, ControlStatus, CreateRequest, Frame, FrameBody,
@@ -398,7 +398,7 @@ fn destroying_an_unknown_channel_is_refused_locally() {
     let (client2, _engine2) = setup(Behaviour::default());
     assert!(matches!(
         client2.destroy_channel(ch, LONG),
-        Err(ClientError::UnknownChannel(c)) if c == ChannelId(id)
+        Err(ClientError::Channel(OwnedChannelError::Unknown(c))) if c == ChannelId(id)
     ));
 }
 

@@ -54,6 +54,13 @@ fn offer(ring: &mut SplitRing, len: u32, writable: bool) -> u16 {
     id
 }
 
+/// Driver: offers one 64-byte device-writable buffer and publishes it; returns its head.
+fn publish_one(ring: &mut SplitRing) -> u16 {
+    let id = offer(ring, 64, true);
+    ring.publish().unwrap();
+    id
+}
+
 /// Device: takes the next chain, checks it is one descriptor, returns (head, addr, len, writable).
 fn take(q: &mut Queue, mem: &GuestMemoryMmap) -> Option<(u16, u64, u32, bool)> {
     let chain = q.pop_descriptor_chain(mem)?;
@@ -173,14 +180,12 @@ fn event_idx_used_event_controls_device_notifications() {
 fn event_idx_avail_event_controls_driver_kicks() {
     let (mem, mut ring, mut q) = setup(true);
     // avail_event starts at 0: the first buffer needs a kick.
-    offer(&mut ring, 64, true);
-    ring.publish().unwrap();
+    publish_one(&mut ring);
     assert!(ring.kick_needed().unwrap());
     // Nothing new: no kick.
     assert!(!ring.kick_needed().unwrap());
     // The device has not asked again (avail_event still 0): more buffers, no kick.
-    offer(&mut ring, 64, true);
-    ring.publish().unwrap();
+    publish_one(&mut ring);
     assert!(!ring.kick_needed().unwrap());
     // The device drains the ring and re-enables notifications (avail_event = 2).
     assert!(take(&mut q, &mem).is_some());
@@ -197,16 +202,13 @@ fn event_idx_avail_event_controls_driver_kicks() {
 #[test]
 fn without_event_idx_the_flags_are_used() {
     let (mem, mut ring, mut q) = setup(false);
-    offer(&mut ring, 64, true);
-    ring.publish().unwrap();
+    publish_one(&mut ring);
     assert!(ring.kick_needed().unwrap());
     q.disable_notification(mem.as_ref()).unwrap();
-    offer(&mut ring, 64, true);
-    ring.publish().unwrap();
+    publish_one(&mut ring);
     assert!(!ring.kick_needed().unwrap());
     q.enable_notification(mem.as_ref()).unwrap();
-    offer(&mut ring, 64, true);
-    ring.publish().unwrap();
+    publish_one(&mut ring);
     assert!(ring.kick_needed().unwrap());
 
     let avail_flags = || {
@@ -225,8 +227,7 @@ fn indices_wrap_around_u16() {
     let mut kicks = 0;
     let mut notifications = 0;
     for round in 0..70_000u32 {
-        let id = offer(&mut ring, 64, true);
-        ring.publish().unwrap();
+        let id = publish_one(&mut ring);
         if ring.kick_needed().unwrap() {
             kicks += 1;
         }
@@ -256,8 +257,7 @@ fn indices_wrap_around_u16() {
 #[test]
 fn a_used_id_outside_the_queue_breaks_the_ring() {
     let (mem, mut ring, _q) = setup(true);
-    offer(&mut ring, 64, true);
-    ring.publish().unwrap();
+    publish_one(&mut ring);
     for bad in [u32::from(SIZE), 0x1_0000 + 1, u32::MAX] {
         let (mem2, mut ring2, _) = setup(true);
         offer(&mut ring2, 64, true);
@@ -283,8 +283,7 @@ fn a_used_id_outside_the_queue_breaks_the_ring() {
 fn a_descriptor_the_device_does_not_own_breaks_the_ring() {
     // Never made available.
     let (mem, mut ring, _q) = setup(true);
-    let id = offer(&mut ring, 64, true);
-    ring.publish().unwrap();
+    let id = publish_one(&mut ring);
     hostile_used(&mem, layout(SIZE), 1, u32::from(id) + 1, 0);
     assert!(matches!(
         ring.pop_used(),
