@@ -192,7 +192,16 @@ pub fn query(path: &Path, req: AdminRequest) -> Result<AdminResponse, AdminError
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
     let mut line = serde_json::to_vec(&req)?;
     line.push(b'\n');
-    stream.write_all(&line)?;
+    // A daemon that refuses the connection (busy) answers and closes at once, possibly before
+    // the request is written: the answer it left is still read.
+    if let Err(e) = stream.write_all(&line) {
+        if !matches!(
+            e.kind(),
+            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+        ) {
+            return Err(e.into());
+        }
+    }
     let mut answer = String::new();
     BufReader::new(stream).read_line(&mut answer)?;
     Ok(serde_json::from_str(answer.trim())?)
