@@ -8,6 +8,7 @@ use std::io;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Mutex;
 use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -129,8 +130,22 @@ pub fn svnic_binary() -> Result<PathBuf, String> {
 /// `cargo build --release -p PACKAGE --bin BIN`. Release, because scripts/test.sh builds the
 /// binaries that way for `svnic demo` and the guest image anyway (so in CI this is a no-op), and
 /// because a debug build from here would be built without the dev-dependency features
-/// `cargo test --workspace` unifies in, recompiling half the workspace.
+/// `cargo test --workspace` unifies in, recompiling half the workspace. Built once per test
+/// process: later calls return the path at once.
 pub fn workspace_binary(package: &str, bin: &str) -> Result<PathBuf, String> {
+    static BUILT: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
+    let mut built = BUILT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some((_, path)) = built.iter().find(|(name, _)| name == bin) {
+        return Ok(path.clone());
+    }
+    let path = build_workspace_binary(package, bin)?;
+    built.push((bin.to_string(), path.clone()));
+    Ok(path)
+}
+
+fn build_workspace_binary(package: &str, bin: &str) -> Result<PathBuf, String> {
     let root = repo_root();
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let args = ["build", "--release", "-p", package, "--bin", bin];
