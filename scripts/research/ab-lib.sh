@@ -6,12 +6,15 @@ ab_rounds() {
 }
 
 # ab_setup: sets repo (this folder) and work (a temporary folder, removed with its worktrees on
-# exit) and makes every build share the repository's target directory.
+# exit), and builds both revisions in target/ab: a directory of their own, never the repository's
+# target/. Cargo names a workspace crate's artifacts by its path inside the workspace, so a
+# worktree's build in target/ would replace the repository's with another revision's, and the
+# repository's older sources would then look up to date against it.
 ab_setup() {
     repo=$(pwd)
     work=$(mktemp -d)
     trap ab_cleanup EXIT
-    export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$repo/target}
+    export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$repo/target/ab}
 }
 
 ab_cleanup() {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Compares two revisions on `svnic demo`: builds the `svnic` binary of each (in temporary
-# worktrees, sharing the repository's target directory, each binary copied out once built), then
+# worktrees, sharing target/ab, each binary copied out once built), then
 # runs `svnic demo --json` alternately, A then B, for ROUNDS rounds, and prints every row's
 # figures for both, round by round (round trip p50 in us, streaming in M messages/s). This host's
 # pace changes over seconds to minutes, so only runs made alternately compare.
@@ -8,7 +8,7 @@
 #   scripts/research/demo-ab.sh REV_A REV_B [ROUNDS] [-- DEMO-ARGS...]
 #
 # Default 3 rounds of `svnic demo --json --rounds 3000 --messages 2000000` (about 30 s each).
-# Afterwards target/release/svnic is REV_B's build.
+# Afterwards target/ab/release/svnic is REV_B's build.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/research/ab-lib.sh

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Compares two revisions on the DMA-data target row (dma/64KiB/engine_vs_memcpy): builds the
-# engine bench of each (in temporary worktrees, sharing the repository's target directory), then
+# engine bench of each (in temporary worktrees, sharing target/ab), then
 # runs the row alternately, A then B, for ROUNDS rounds, and prints both series with their mean,
 # minimum and how often B beat A in the same round. This host's pace changes over seconds to
 # minutes (scripts/research/core-latency.c shows it), so only runs made alternately compare; a round
