@@ -371,3 +371,58 @@ fn a_sender_destroyed_mid_message_gives_the_posted_buffer_back() {
     }
     panic!("the copy finished before the destroy in every attempt");
 }
+
+/// A sender that never reads its RX ring, with completions waiting in its backlog, still gets
+/// its large message through: the message holds the destination's head posted buffer, which
+/// must not stay reserved while the backlog holds the sender's other messages back.
+#[test]
+fn a_large_copy_finishes_while_its_senders_completions_wait() {
+    const RING: u32 = 16;
+    let engine = engine_with_budget(64 << 10);
+    let mut ga = FakeGuest::new(&engine, 1, 40);
+    let mut gd = FakeGuest::new(&engine, 2, 40);
+    let mut a = ga.open_with(1, RING, LARGE_REGION).unwrap();
+    let mut d = gd.open_with(1, 256, LARGE_REGION).unwrap();
+    let nowhere = gd.addr(99);
+    let id = ChannelId(a.id());
+    let taken = |n: u64| {
+        wait_until(T, || {
+            engine.channel_stats(id).is_some_and(|s| s.tx_taken >= n)
+        });
+    };
+    // Error completions (no route) that A never reads: a full RX ring, then a backlog one
+    // short of the ring's size.
+    let mut sent = 0u64;
+    for batch in [RING, RING - 1] {
+        for _ in 0..batch {
+            assert!(a
+                .send_user(nowhere, sent, b"x", Completions::OnError)
+                .unwrap());
+            sent += 1;
+        }
+        a.flush().unwrap();
+        taken(sent);
+    }
+    // One more failure and a large message in one batch: the pass that begins the copy fills
+    // the backlog.
+    let len = 1 << 20;
+    let data = pattern(5, len);
+    let src = a.layout().data_offset;
+    a.write_data(src, &data).unwrap();
+    let buf = post_at_start(&mut d, 700, len);
+    assert!(a
+        .send_user(nowhere, sent, b"x", Completions::OnError)
+        .unwrap());
+    assert!(a
+        .send_dma(d.addr(), sent + 1, DataRef { offset: src, len })
+        .unwrap());
+    a.flush().unwrap();
+    let got = recv_n(&mut d, &gd.waker, 1, T);
+    let [Message::DmaData(m)] = got.as_slice() else {
+        panic!("unexpected {got:?}")
+    };
+    assert_eq!((m.cookie, m.data.offset, m.data.len), (700, buf, len));
+    let mut out = vec![0u8; len as usize];
+    d.read_data(buf, &mut out).unwrap();
+    assert!(out == data, "the large message's data differs");
+}

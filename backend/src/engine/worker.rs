@@ -344,8 +344,12 @@ impl Worker {
             return Pass::default();
         }
         // Completions that found the RX ring full come first; while too many wait, take no
-        // more messages (the sender must drain its RX ring: backpressure, not loss).
-        if src.flush_backlog() >= src.layout.ring_size as usize {
+        // more messages (the sender must drain its RX ring: backpressure, not loss). A message
+        // being copied in pieces still takes its step: it holds the destination's head posted
+        // buffer, and a sender that never drains its RX ring must not hold it for ever (the
+        // step ends with at most one completion, and no new message is taken).
+        let backlog_full = src.flush_backlog() >= src.layout.ring_size as usize;
+        if backlog_full && large.is_none() {
             return Pass::default();
         }
         let mem = src.mem();
@@ -398,7 +402,7 @@ impl Worker {
                     tx.skip();
                     left = left.saturating_sub(1);
                     copied += bytes;
-                    if copied >= u64::from(byte_budget) {
+                    if copied >= u64::from(byte_budget) || backlog_full {
                         (left, room) = (0, 0);
                     }
                 }
