@@ -283,7 +283,7 @@ fn spawn_child(sock: &Path) -> ChildGuest {
         lines.any(|l| l.is_ok_and(|l| l.contains("CHILD-READY"))),
         "child guest did not come up"
     );
-    child.alive();
+    assert!(child.alive(), "child guest exited after coming up");
     child
 }
 

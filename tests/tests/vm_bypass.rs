@@ -117,7 +117,14 @@ fn guest_binaries_in_image(image: &Image) -> Result<(), String> {
     let text =
         std::fs::read_to_string(&manifest).map_err(|e| format!("{}: {e}", manifest.display()))?;
     let bins = find_line(&text, "guest_binaries=").unwrap_or("guest_binaries=");
-    if bins.contains("svnic-guestd") && bins.contains("svnic-guest") {
+    let listed: Vec<&str> = bins
+        .trim_start_matches("guest_binaries=")
+        .split_whitespace()
+        .collect();
+    if ["svnic-guestd", "svnic-guest"]
+        .iter()
+        .all(|b| listed.contains(b))
+    {
         Ok(())
     } else {
         Err(format!(

@@ -26,8 +26,11 @@ fn attack_01_memfd_truncated_before_vring_addr() {
     f.set_features(f.offered_features & WANTED_FEATURES)
         .unwrap();
     let before = arena.footprint();
-    // A daemon that refuses unsealed memory may end the connection here: that is fine.
-    let _ = f.set_mem_table();
+    // The memory table is accepted (unsealed memory is guarded, not refused); the truncation
+    // below must then be survived.
+    if let Err(e) = f.set_mem_table() {
+        panic!("SET_MEM_TABLE refused: {e}\n{}", arena.log());
+    }
     f.mem.memfd.set_len(0).unwrap();
     for q in [RX, TX] {
         let _ = f.setup_vring(q);
@@ -60,28 +63,32 @@ fn attack_01_memfd_truncated_while_rings_run() {
     let arena = Arena::start("hostile-a01b", 0);
     let mut f = NetFrontend::connect(&arena.socket("evil"), Sealing::Unsealed).unwrap();
     let before = arena.footprint();
-    if f.polite_setup().is_ok() {
-        // Everything is written before the truncation: touching it afterwards would be this
-        // process's own SIGBUS. Only the kick is left.
-        f.send_frame(&[0u8; 60]).unwrap();
-        let _ = f.wait_used(TX, Duration::from_secs(2));
-        let head = f.queues[usize::from(TX)].avail_idx();
-        let d = Desc {
-            addr: svnic_tests::net_frontend::TX_BUFS,
-            len: 72,
-            flags: 0,
-            next: 0,
-        };
-        f.queues[usize::from(TX)]
-            .write_desc(&f.mem, head, d)
-            .unwrap();
-        f.queues[usize::from(TX)].publish(&f.mem, head).unwrap();
-        f.mem.memfd.set_len(0).unwrap();
-        let _ = f.kick(TX);
-        let _ = f.kick(RX);
-        std::thread::sleep(SETTLE);
-        assert_fault_recovered(&arena);
+    if let Err(e) = f.polite_setup() {
+        panic!(
+            "polite setup failed before the attack: {e}\n{}",
+            arena.log()
+        );
     }
+    // Everything is written before the truncation: touching it afterwards would be this
+    // process's own SIGBUS. Only the kick is left.
+    f.send_frame(&[0u8; 60]).unwrap();
+    let _ = f.wait_used(TX, Duration::from_secs(2));
+    let head = f.queues[usize::from(TX)].avail_idx();
+    let d = Desc {
+        addr: svnic_tests::net_frontend::TX_BUFS,
+        len: 72,
+        flags: 0,
+        next: 0,
+    };
+    f.queues[usize::from(TX)]
+        .write_desc(&f.mem, head, d)
+        .unwrap();
+    f.queues[usize::from(TX)].publish(&f.mem, head).unwrap();
+    f.mem.memfd.set_len(0).unwrap();
+    let _ = f.kick(TX);
+    let _ = f.kick(RX);
+    std::thread::sleep(SETTLE);
+    assert_fault_recovered(&arena);
     arena.assert_unharmed(before, Bounds::default());
 }
 
