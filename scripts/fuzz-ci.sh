@@ -32,7 +32,7 @@ fi
 echo "== cargo +nightly fuzz build (all targets)"
 cargo +nightly fuzz build
 host=$(rustc +nightly -vV | sed -n 's/^host: //p')
-bin_dir=target/$host/release
+bin_dir=${CARGO_TARGET_DIR:-target}/$host/release
 
 work=$(mktemp -d -t svnic-fuzz-ci.XXXXXX)
 trap 'rm -rf "$work"' EXIT

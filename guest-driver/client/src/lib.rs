@@ -9,8 +9,8 @@
 //!   guests).
 //!
 //! Host processes that are their own guest use `svnic-host-frontend`, which builds on this
-//! crate. This crate is linked into applications: it depends on the ABI crate and libc only,
-//! never on command-line, logging-setup, serialization or vhost crates.
+//! crate. This crate is linked into applications: it depends on the ABI crate, vm-memory, libc, log and
+//! thiserror, never on command-line, logging-setup, serialization or vhost crates.
 
 pub mod channel;
 pub mod request_table;
