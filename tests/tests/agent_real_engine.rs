@@ -307,14 +307,16 @@ fn a_killed_application_has_its_channel_destroyed_before_the_memory_is_freed() {
     assert_eq!(vm.handle.status().held_regions, 1);
 
     vm.paused.store(false, Ordering::Relaxed);
-    wait_until("the memory is freed", || vm.memory.free_bytes() == free);
+    // The agent frees the memory, then records the event: wait for both.
+    let freed_event =
+        |e: &AgentEvent| matches!(e, AgentEvent::MemoryFreed { channel: Some(c), .. } if *c == id);
+    wait_until("the memory is freed", || {
+        vm.memory.free_bytes() == free && vm.handle.status().events.iter().any(freed_event)
+    });
     assert_eq!(vm.live_in_engine(), 0);
     let ev: Vec<AgentEvent> = vm.handle.status().events.into_iter().collect();
     let at = |e: &AgentEvent| ev.iter().position(|x| x == e).unwrap();
-    let freed = ev
-        .iter()
-        .position(|e| matches!(e, AgentEvent::MemoryFreed { channel: Some(c), .. } if *c == id))
-        .unwrap();
+    let freed = ev.iter().position(freed_event).unwrap();
     assert!(
         at(&AgentEvent::DestroySent { channel: id })
             < at(&AgentEvent::EngineDestroyed { channel: id })
