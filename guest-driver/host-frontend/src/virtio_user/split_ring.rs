@@ -68,12 +68,76 @@ impl RingLayout {
         RING_HEADER + USED_ELEM_SIZE * u64::from(size) + 2
     }
 
+    /// The three parts laid out one after the other from `base` (descriptor table, avail ring,
+    /// used ring at the next 4-byte boundary). `base` must be 16-byte aligned.
+    pub fn contiguous(base: u64, size: u16) -> Self {
+        let avail = base + Self::desc_bytes(size);
+        let used = (avail + Self::avail_bytes(size) + 3) & !3;
+        RingLayout {
+            size,
+            desc: base,
+            avail,
+            used,
+        }
+    }
+
+    /// Address of descriptor `id` (any id: one past the table is the caller's business).
+    pub fn desc_addr(&self, id: u16) -> u64 {
+        self.desc.wrapping_add(DESC_SIZE * u64::from(id))
+    }
+
+    /// Address of `avail.idx`.
+    pub fn avail_idx_addr(&self) -> u64 {
+        self.avail.wrapping_add(2)
+    }
+
+    /// Address of `avail.ring[slot]` (any slot).
+    pub fn avail_entry_addr(&self, slot: u16) -> u64 {
+        self.avail.wrapping_add(RING_HEADER + 2 * u64::from(slot))
+    }
+
+    /// Address of `used.idx`.
+    pub fn used_idx_addr(&self) -> u64 {
+        self.used.wrapping_add(2)
+    }
+
+    /// Address of `used.ring[slot]` (any slot).
+    pub fn used_elem_addr(&self, slot: u16) -> u64 {
+        self.used
+            .wrapping_add(RING_HEADER + USED_ELEM_SIZE * u64::from(slot))
+    }
+
     fn used_event_addr(&self) -> u64 {
-        self.avail + RING_HEADER + 2 * u64::from(self.size)
+        self.avail_entry_addr(self.size)
     }
 
     fn avail_event_addr(&self) -> u64 {
-        self.used + RING_HEADER + USED_ELEM_SIZE * u64::from(self.size)
+        self.used_elem_addr(self.size)
+    }
+}
+
+/// One descriptor as the table holds it (2.7.5: le64 addr, le32 len, le16 flags, le16 next).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Descriptor {
+    /// Guest-physical address of the buffer.
+    pub addr: u64,
+    /// Buffer length.
+    pub len: u32,
+    /// `VRING_DESC_F_*`.
+    pub flags: u16,
+    /// Next descriptor of the chain, with `VRING_DESC_F_NEXT`.
+    pub next: u16,
+}
+
+impl Descriptor {
+    /// Its 16 bytes in the table.
+    pub fn to_le_bytes(&self) -> [u8; DESC_SIZE as usize] {
+        let mut b = [0u8; DESC_SIZE as usize];
+        b[0..8].copy_from_slice(&self.addr.to_le_bytes());
+        b[8..12].copy_from_slice(&self.len.to_le_bytes());
+        b[12..14].copy_from_slice(&self.flags.to_le_bytes());
+        b[14..16].copy_from_slice(&self.next.to_le_bytes());
+        b
     }
 }
 
@@ -515,21 +579,23 @@ impl SplitRing {
         flags: u16,
         next: u16,
     ) -> Result<(), RingError> {
-        let mut desc = [0u8; DESC_SIZE as usize];
-        desc[0..8].copy_from_slice(&addr.to_le_bytes());
-        desc[8..12].copy_from_slice(&len.to_le_bytes());
-        desc[12..14].copy_from_slice(&flags.to_le_bytes());
-        desc[14..16].copy_from_slice(&next.to_le_bytes());
-        let desc_addr = self.layout.desc + DESC_SIZE * u64::from(id);
+        let desc = Descriptor {
+            addr,
+            len,
+            flags,
+            next,
+        };
+        let desc_addr = self.layout.desc_addr(id);
         self.mem
-            .write_slice(&desc, GuestAddress(desc_addr))
+            .write_slice(&desc.to_le_bytes(), GuestAddress(desc_addr))
             .map_err(|e| self.mem_err("descriptor", desc_addr, e))
     }
 
     /// Writes `head` into the next avail-ring entry and counts the buffer as the device's.
     fn make_available(&mut self, head: u16) -> Result<(), RingError> {
-        let slot = u64::from(self.next_avail.0 & (self.layout.size - 1));
-        let entry = self.layout.avail + RING_HEADER + 2 * slot;
+        let entry = self
+            .layout
+            .avail_entry_addr(self.next_avail.0 & (self.layout.size - 1));
         // Relaxed: the Release store of avail.idx in publish() orders this write before it.
         self.store_u16("avail ring entry", entry, head, Ordering::Relaxed)?;
         self.next_avail += 1;
@@ -558,7 +624,7 @@ impl SplitRing {
         self.check()?;
         self.store_u16(
             "avail idx",
-            self.layout.avail + 2,
+            self.layout.avail_idx_addr(),
             self.next_avail.0,
             Ordering::Release,
         )
@@ -597,7 +663,7 @@ impl SplitRing {
     pub fn pop_used(&mut self) -> Result<Option<UsedBuffer>, RingError> {
         self.check()?;
         // Acquire: the used elements up to used.idx are visible once we see it.
-        let used_idx = self.load_u16("used idx", self.layout.used + 2, Ordering::Acquire)?;
+        let used_idx = self.load_u16("used idx", self.layout.used_idx_addr(), Ordering::Acquire)?;
         let pending = used_idx.wrapping_sub(self.last_used.0);
         if pending == 0 {
             return Ok(None);
@@ -610,8 +676,9 @@ impl SplitRing {
                 in_flight: self.in_flight,
             });
         }
-        let slot = u64::from(self.last_used.0 & (self.layout.size - 1));
-        let addr = self.layout.used + RING_HEADER + USED_ELEM_SIZE * slot;
+        let addr = self
+            .layout
+            .used_elem_addr(self.last_used.0 & (self.layout.size - 1));
         let elem: [u8; 8] = match self.mem.read_obj(GuestAddress(addr)) {
             Ok(e) => e,
             Err(e) => {
@@ -682,7 +749,7 @@ impl SplitRing {
         // The request must be visible before we re-read used.idx, or a buffer returned in
         // between could go unnotified while we sleep.
         fence(Ordering::SeqCst);
-        let used_idx = self.load_u16("used idx", self.layout.used + 2, Ordering::Acquire)?;
+        let used_idx = self.load_u16("used idx", self.layout.used_idx_addr(), Ordering::Acquire)?;
         Ok(used_idx != self.last_used.0)
     }
 

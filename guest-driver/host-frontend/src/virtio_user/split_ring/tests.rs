@@ -551,3 +551,36 @@ fn single_buffers_and_chains_share_the_ring() {
         assert_eq!(ring.free_count(), usize::from(SIZE));
     }
 }
+
+#[test]
+fn a_contiguous_layout_is_aligned_and_its_parts_do_not_overlap() {
+    let mem = memory();
+    for size in [1u16, 2, 8, 256, 1024] {
+        let l = RingLayout::contiguous(0x1_0000, size);
+        assert_eq!(l.desc, 0x1_0000);
+        assert_eq!(l.avail, l.desc + RingLayout::desc_bytes(size));
+        assert!(l.used >= l.avail + RingLayout::avail_bytes(size));
+        assert!(l.used - (l.avail + RingLayout::avail_bytes(size)) < 4);
+        SplitRing::new("TEST", mem.clone(), l, true).unwrap();
+        assert!(device(l, true).is_valid(mem.as_ref()));
+        assert_eq!(l.desc_addr(3), l.desc + 48);
+        assert_eq!(l.avail_idx_addr(), l.avail + 2);
+        assert_eq!(l.avail_entry_addr(1), l.avail + 6);
+        assert_eq!(l.used_idx_addr(), l.used + 2);
+        assert_eq!(l.used_elem_addr(1), l.used + 12);
+    }
+}
+
+#[test]
+fn a_descriptor_is_little_endian_in_table_order() {
+    let d = Descriptor {
+        addr: 0x0102_0304_0506_0708,
+        len: 0x090a_0b0c,
+        flags: 0x0d0e,
+        next: 0x0f10,
+    };
+    assert_eq!(
+        d.to_le_bytes(),
+        [8, 7, 6, 5, 4, 3, 2, 1, 0x0c, 0x0b, 0x0a, 0x09, 0x0e, 0x0d, 0x10, 0x0f]
+    );
+}
