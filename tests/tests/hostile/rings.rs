@@ -4,16 +4,16 @@
 use std::time::Duration;
 
 use svnic_tests::arena::Arena;
-use svnic_tests::net_frontend::{NetFrontend, FREE, RX, TX};
 use svnic_tests::raw_frontend::{req, vring_state};
-use svnic_tests::virtqueue::{Desc, DESC_F_WRITE};
+use svnic_tests::raw_ring::{Desc, DESC_F_WRITE};
+use svnic_tests::vhost_frontend::{TestFrontend, FREE, QUEUE_SIZE, RX, TX};
 
 use super::super::{broadcast_from_a, evil_with_memory, polite_evil, settle_then_assert_unharmed};
 
 /// Sends the ring-state request `request` (`what`, for logs) for ring `q` with `value`, whether
 /// or not the backend accepts it.
-fn send_vring_state(f: &NetFrontend, what: &str, request: u32, q: u16, value: u32) {
-    let _ = f.request(what, request, &vring_state(u32::from(q), value), &[]);
+fn send_vring_state(f: &TestFrontend, what: &str, request: u32, q: usize, value: u32) {
+    let _ = f.request(what, request, &vring_state(q as u32, value), &[]);
 }
 
 /// `avail.idx` far ahead of what was consumed (a whole ring and more, and "behind"), with
@@ -21,19 +21,18 @@ fn send_vring_state(f: &NetFrontend, what: &str, request: u32, q: u16, value: u3
 #[test]
 fn cve_2024_11614_available_index_far_ahead() {
     let arena = Arena::start("hostile-cve2024-idx", 0);
-    let mut f = polite_evil(&arena);
+    let f = polite_evil(&arena);
     let before = arena.footprint();
     for q in [TX, RX] {
-        let queue = &mut f.queues[usize::from(q)];
-        for slot in 0..256u16 {
-            queue
-                .set_avail_entry(&f.mem, slot, 256u16.wrapping_add(slot.wrapping_mul(251)))
+        let ring = f.raw_ring(q);
+        for slot in 0..QUEUE_SIZE {
+            ring.set_avail_entry(slot, 256u16.wrapping_add(slot.wrapping_mul(251)))
                 .unwrap();
         }
     }
     for idx in [257u16, 40_000, u16::MAX, 1] {
         for q in [TX, RX] {
-            f.queues[usize::from(q)].set_avail_idx(&f.mem, idx).unwrap();
+            f.raw_ring(q).set_avail_idx(idx).unwrap();
             let _ = f.kick(q);
         }
         broadcast_from_a(&arena, u64::from(idx));
@@ -95,7 +94,7 @@ fn cve_2024_11614_absurd_ring_bases_and_indices() {
             }
         }
         let _ = f.send_frame(&[0u8; 60]);
-        let slot = f.queues[usize::from(RX)].avail_idx() % 256;
+        let slot = f.raw_ring(RX).avail_idx().unwrap() % QUEUE_SIZE;
         let _ = f.publish_raw(
             RX,
             slot,

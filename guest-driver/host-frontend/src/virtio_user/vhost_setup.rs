@@ -53,6 +53,8 @@ pub struct Negotiated {
     pub mac: MacAddr,
     /// Link state from config space, if VIRTIO_NET_F_STATUS was negotiated.
     pub link_up: Option<bool>,
+    /// Acknowledged vhost-user protocol features.
+    pub protocol: VhostUserProtocolFeatures,
 }
 
 impl Negotiated {
@@ -150,6 +152,7 @@ pub fn negotiate_with(
         features,
         mac,
         link_up,
+        protocol: proto,
     })
 }
 
