@@ -120,10 +120,8 @@ pub struct TestFrontend {
 
 impl std::fmt::Debug for TestFrontend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TestFrontend")
-            .field("raw", &self.raw)
-            .field("acked_features", &self.acked_features)
-            .finish_non_exhaustive()
+        // The vhost crate's Frontend has no Debug: the raw connection stands for it.
+        write!(f, "TestFrontend {{ {:?}, .. }}", self.raw)
     }
 }
 

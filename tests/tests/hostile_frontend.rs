@@ -28,11 +28,18 @@ fn polite_evil(arena: &Arena) -> TestFrontend {
     f
 }
 
-/// A frontend on "evil" through QEMU 7.2's handshake, early enable and SET_FEATURES (what it
-/// wants of what is offered): memory and rings are the test's.
-fn evil_up_to_features(arena: &Arena) -> TestFrontend {
+/// A frontend on "evil" (sealed memory) through QEMU 7.2's handshake: owner, features and
+/// protocol features asked, REPLY_ACK and CONFIG acknowledged.
+fn evil_after_handshake(arena: &Arena) -> TestFrontend {
     let mut f = TestFrontend::connect(&arena.socket("evil"), Sealing::Sealed);
     f.handshake().unwrap();
+    f
+}
+
+/// [`evil_after_handshake`], then early enable and SET_FEATURES (what it wants of what is
+/// offered): memory and rings are the test's.
+fn evil_up_to_features(arena: &Arena) -> TestFrontend {
+    let mut f = evil_after_handshake(arena);
     f.early_enable().unwrap();
     f.set_features(f.offered_features & WANTED_FEATURES)
         .unwrap();

@@ -9,14 +9,14 @@ use std::os::unix::io::AsRawFd;
 use svnic_tests::arena::{Arena, Bounds};
 
 use svnic_host_frontend::virtio_user::{MemfdMemory, RingLayout};
-use svnic_tests::raw_frontend::{flags, mem_table, req, MemRegion, Sealing};
+use svnic_tests::raw_frontend::{flags, mem_table, req, MemRegion};
 use svnic_tests::raw_ring::{Desc, DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE};
 use svnic_tests::vhost_frontend::{
     TestFrontend, FREE, MEM_SIZE, QUEUE_SIZE, RX, TX, WANTED_FEATURES,
 };
 
 use super::super::{
-    broadcast_from_a, evil_up_to_features, evil_with_memory, polite_evil,
+    broadcast_from_a, evil_after_handshake, evil_up_to_features, evil_with_memory, polite_evil,
     settle_then_assert_unharmed, SETTLE,
 };
 
@@ -221,8 +221,7 @@ fn cve_2020_10725_overlapping_memory_regions() {
     let arena = Arena::start("hostile-cve2020-overlap", 0);
     let before = arena.footprint();
     for shape in 0..4 {
-        let mut f = TestFrontend::connect(&arena.socket("evil"), Sealing::Sealed);
-        f.handshake().unwrap();
+        let mut f = evil_after_handshake(&arena);
         f.set_features(f.offered_features & WANTED_FEATURES)
             .unwrap();
         let whole = f.mem_region();

@@ -13,7 +13,9 @@ use svnic_tests::raw_frontend::{
 use svnic_tests::raw_ring::Desc;
 use svnic_tests::vhost_frontend::{TestFrontend, RX, TX, TX_BUFS, WANTED_FEATURES};
 
-use super::super::{evil_with_memory, polite_evil, settle_then_assert_unharmed, SETTLE};
+use super::super::{
+    evil_after_handshake, evil_with_memory, polite_evil, settle_then_assert_unharmed, SETTLE,
+};
 
 /// Attack 1: the memfd behind the memory table shrinks to nothing before the rings are set up;
 /// SET_VRING_ADDR makes the backend read the used ring.
@@ -97,8 +99,7 @@ fn attack_01_memfd_truncated_while_rings_run() {
 fn attack_02_millions_of_early_vring_enables() {
     const MESSAGES: u32 = 2_000_000;
     let arena = Arena::start("hostile-a02", 0);
-    let mut f = TestFrontend::connect(&arena.socket("evil"), Sealing::Sealed);
-    f.handshake().unwrap();
+    let f = evil_after_handshake(&arena);
     let before = arena.footprint();
     let mut chunk = Vec::with_capacity(1 << 20);
     let mut sent = 0u32;
@@ -128,8 +129,7 @@ fn attack_02_millions_of_early_vring_enables() {
 fn attack_03_a_thousand_memory_regions_added() {
     const REGIONS: u64 = 1000;
     let arena = Arena::start("hostile-a03", 0);
-    let mut f = TestFrontend::connect(&arena.socket("evil"), Sealing::Sealed);
-    f.handshake().unwrap();
+    let mut f = evil_after_handshake(&arena);
     let unoffered = protocol::REPLY_ACK | protocol::CONFIG | protocol::CONFIGURE_MEM_SLOTS;
     let _ = f.set_protocol_features(unoffered);
     f.reply_ack = false;
@@ -248,8 +248,7 @@ fn memory_tables_with_lying_region_counts() {
     let memfd = Memfd::new(1 << 20, Sealing::Sealed).unwrap();
     let fds = [memfd.fd(); 32];
     for (count, carried) in [(0u32, 0usize), (8, 1), (33, 33), (u32::MAX, 2), (1, 1)] {
-        let mut f = TestFrontend::connect(&arena.socket("evil"), Sealing::Sealed);
-        f.handshake().unwrap();
+        let mut f = evil_after_handshake(&arena);
         f.set_features(f.offered_features & WANTED_FEATURES)
             .unwrap();
         let regions: Vec<MemRegion> = (0..carried as u64)

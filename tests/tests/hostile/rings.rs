@@ -45,9 +45,7 @@ fn cve_2024_11614_available_index_far_ahead() {
 /// up and kicked as if nothing happened. One connection per value (a refusal may end it).
 #[test]
 fn cve_2024_11614_bogus_ring_sizes() {
-    let arena = Arena::start("hostile-cve2024-num", 0);
-    let before = arena.footprint();
-    for num in [
+    let sizes = [
         0u32,
         3,
         255,
@@ -57,16 +55,32 @@ fn cve_2024_11614_bogus_ring_sizes() {
         65_536,
         1 << 20,
         u32::MAX,
-    ] {
-        let mut f = evil_with_memory(&arena);
+    ];
+    attack_each_on_a_new_connection("hostile-cve2024-num", &sizes, |f, num| {
         let _ = f.setup_vring(RX);
         let _ = f.setup_vring(TX);
         for q in [RX, TX] {
-            send_vring_state(&f, "SET_VRING_NUM", req::SET_VRING_NUM, q, num);
+            send_vring_state(f, "SET_VRING_NUM", req::SET_VRING_NUM, q, num);
         }
         let _ = f.send_frame(&[0u8; 60]);
         let _ = f.post_rx(8);
-        broadcast_from_a(&arena, u64::from(num));
+    });
+}
+
+/// Starts an arena named `name`; for each of `values`, a new frontend through the memory table
+/// (one connection per value: a refusal may end it) gets `attack`, then A broadcasts (into its
+/// RX queue); then the verdict.
+fn attack_each_on_a_new_connection(
+    name: &str,
+    values: &[u32],
+    attack: impl Fn(&mut TestFrontend, u32),
+) {
+    let arena = Arena::start(name, 0);
+    let before = arena.footprint();
+    for &value in values {
+        let mut f = evil_with_memory(&arena);
+        attack(&mut f, value);
+        broadcast_from_a(&arena, u64::from(value));
         std::thread::sleep(Duration::from_millis(50));
     }
     settle_then_assert_unharmed(arena, before);
@@ -76,13 +90,11 @@ fn cve_2024_11614_bogus_ring_sizes() {
 /// then traffic; and SET_VRING_* for rings that do not exist.
 #[test]
 fn cve_2024_11614_absurd_ring_bases_and_indices() {
-    let arena = Arena::start("hostile-cve2024-base", 0);
-    let before = arena.footprint();
-    for base in [0x8000u32, 0xffff, 0x1_0000, u32::MAX] {
-        let mut f = evil_with_memory(&arena);
+    let bases = [0x8000u32, 0xffff, 0x1_0000, u32::MAX];
+    attack_each_on_a_new_connection("hostile-cve2024-base", &bases, |f, base| {
         for q in [RX, TX] {
             let _ = f.setup_vring(q);
-            send_vring_state(&f, "SET_VRING_BASE", req::SET_VRING_BASE, q, base);
+            send_vring_state(f, "SET_VRING_BASE", req::SET_VRING_BASE, q, base);
         }
         for ring in [2u32, 255, 0x8000, u32::MAX] {
             for request in [
@@ -105,8 +117,5 @@ fn cve_2024_11614_absurd_ring_bases_and_indices() {
                 next: 0,
             }],
         );
-        broadcast_from_a(&arena, u64::from(base));
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    settle_then_assert_unharmed(arena, before);
+    });
 }
