@@ -16,7 +16,8 @@ use svnic_tests::daemon_fixture::{recv_messages, DaemonFixture};
 use svnic_tests::fake_guest::post_flushed;
 use svnic_tests::frames::{create_op as create, eth, mac_in};
 use svnic_tests::logs;
-use svnic_tests::vhost_frontend::TestFrontend;
+use svnic_tests::raw_frontend::Sealing;
+use svnic_tests::vhost_frontend::{TestFrontend, FREE};
 use svnic_tests::wait::wait_until;
 use vhost::VhostBackend;
 use vhost::VhostUserMemoryRegionInfo;
@@ -47,7 +48,8 @@ fn recv(ch: &mut svnic_client::Channel, g: &HostGuest, n: usize) -> Vec<Message>
 // Control path: success and each failure reason, from a frame-level (hostile) frontend.
 // ---------------------------------------------------------------------------------------------
 
-const FREE: u64 = 0x30_0000; // 3..4 MiB of the test frontend's memory holds no rings or buffers
+/// Where the second guest's memory table splits its memory in two regions: inside the test's memory.
+const SEAM: u64 = FREE + 0x8_0000;
 
 fn failure(answers: &[(ControlStatus, u32)]) -> Option<FailureReason> {
     match answers.last() {
@@ -95,12 +97,11 @@ fn channel_creation_succeeds_and_fails_for_each_reason_over_a_real_socket() {
 
     // A second guest whose memory table has two regions: a channel across the seam is refused.
     let mut g = TestFrontend::start(&s.sock(2));
-    g.set_split_mem_table(0x38_0000);
-    let straddle = g.control(mac(2), 8, create(mac(2), 1, 16, 0x37_0000, 2 * k));
+    g.set_split_mem_table(SEAM);
+    let straddle = g.control(mac(2), 8, create(mac(2), 1, 16, SEAM - k, 2 * k));
     assert_eq!(failure(&straddle), Some(FailureReason::RegionStraddles));
     assert!(matches!(
-        g.control(mac(2), 9, create(mac(2), 1, 16, 0x38_0000, k))
-            .last(),
+        g.control(mac(2), 9, create(mac(2), 1, 16, SEAM, k)).last(),
         Some((ControlStatus::Success { .. }, _))
     ));
 
@@ -399,7 +400,7 @@ fn garbage_on_a_socket_leaves_the_daemon_serving_the_others() {
         drop(raw);
     }
     // An absurd memory table: a region far larger than its file.
-    let mut f = TestFrontend::connect(&s.sock(3));
+    let mut f = TestFrontend::connect(&s.sock(3), Sealing::Unsealed);
     f.negotiate().unwrap();
     let absurd = VhostUserMemoryRegionInfo {
         memory_size: 1 << 40,

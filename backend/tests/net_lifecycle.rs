@@ -9,6 +9,7 @@ use std::time::Duration;
 use svnic_control_plane::GuestId;
 use svnic_tests::frames::{eth, payload};
 use svnic_tests::logs::wait_for as wait_for_log;
+use svnic_tests::raw_frontend::Sealing;
 use svnic_tests::switch_fixture::{mac, Event, Net};
 use svnic_tests::vhost_frontend::{TestFrontend, MEM_SIZE, RX, TIMEOUT, TX};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo};
@@ -48,7 +49,7 @@ fn refused_memory_table(
     socket: &Path,
     edit: impl FnOnce(&mut VhostUserMemoryRegionInfo),
 ) -> TestFrontend {
-    let mut evil = TestFrontend::connect(socket);
+    let mut evil = TestFrontend::connect(socket, Sealing::Unsealed);
     evil.negotiate().unwrap();
     let mut region = evil.region();
     edit(&mut region);

@@ -14,10 +14,9 @@ use svnic_host_frontend::HostGuest;
 use svnic_tests::daemon_fixture::{recv_messages as recv, DaemonFixture};
 use svnic_tests::frames::{eth, mac_in, payload};
 use svnic_tests::logs;
+use svnic_tests::raw_frontend::Sealing;
 use svnic_tests::switch_fixture::{mac, Event, Net};
-use svnic_tests::vhost_frontend::{TestFrontend, QUEUE_SIZE, RX, TX};
-use vhost::vhost_user::VhostUserFrontend;
-use vhost::VhostBackend;
+use svnic_tests::vhost_frontend::{TestFrontend, RX, TX};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -31,22 +30,9 @@ fn daemon(n: u8) -> DaemonFixture {
 /// (which is gone): only addresses are computed. The daemon touches the rings as early as
 /// `SET_VRING_ADDR` (the library reads the used index), so the connection may end at any step.
 fn start_rings_blind(f: &mut TestFrontend) {
-    let _ = try_start_rings_blind(f);
-    f.queues[TX].kick();
-    f.queues[RX].kick();
-}
-
-fn try_start_rings_blind(f: &mut TestFrontend) -> vhost::Result<()> {
-    for q in [RX, TX] {
-        let config = f.queues[q].config(&f.mem);
-        f.frontend.set_vring_num(q, QUEUE_SIZE)?;
-        f.frontend.set_vring_addr(q, &config)?;
-        f.frontend.set_vring_base(q, 0)?;
-        f.frontend.set_vring_call(q, &f.queues[q].call)?;
-        f.frontend.set_vring_kick(q, &f.queues[q].kick)?;
-        f.frontend.set_vring_enable(q, true)?;
-    }
-    Ok(())
+    let _ = f.start_rings_blind();
+    let _ = f.kick(TX);
+    let _ = f.kick(RX);
 }
 
 /// `data` sent from `from` reaches `to` (a channel of guest `g`) as one user-data message.
@@ -83,10 +69,10 @@ fn a_frontend_that_truncates_its_memory_is_closed_and_the_daemon_serves_on() {
 
     // Guest 1: a valid memory table, then the file shrinks to nothing, then rings and kicks
     // make the daemon read the (vanished) rings.
-    let mut a = TestFrontend::connect(&s.sock(1));
+    let mut a = TestFrontend::connect(&s.sock(1), Sealing::Unsealed);
     a.negotiate().unwrap();
     a.set_mem_table().unwrap();
-    a.mem.memfd.set_len(0).unwrap();
+    a.memory.file().set_len(0).unwrap();
     start_rings_blind(&mut a);
 
     assert!(
@@ -119,7 +105,7 @@ fn memory_truncated_under_running_rings_takes_down_only_that_port() {
     let mut c = TestFrontend::start(&sc);
     let faults_before = sigbus_guard::recovered_faults();
 
-    a.mem.memfd.set_len(0).unwrap();
+    a.memory.file().set_len(0).unwrap();
     // A broadcast makes the daemon write into port 1's RX ring (gone), and reach port 3.
     let broadcast = eth(MacAddr([0xff; 6]), mac(2), 0x0800, &payload(1, 60));
     b.send(&broadcast);

@@ -9,7 +9,7 @@ use svnic_channels::{ChannelId, MacAddr};
 use svnic_control_plane::GuestId;
 use svnic_tests::frames::{eth, payload, svnic_frame};
 use svnic_tests::switch_fixture::{mac, Event, Net};
-use svnic_tests::vhost_frontend::{TestFrontend, HDR_LEN, RX_BUFFERS, TIMEOUT};
+use svnic_tests::vhost_frontend::{TestFrontend, FREE, HDR_LEN, RX_BUFFERS, TIMEOUT};
 
 const QUIET: Duration = Duration::from_millis(200);
 
@@ -258,10 +258,9 @@ fn bad_tx_chains_are_counted_and_returned_not_fatal() {
     let (net, mut a, mut b) = Net::with_two_frontends();
 
     // Shorter than the virtio-net header; outside guest memory; device-writable.
-    let base = 0x40_0000u64;
-    assert_eq!(a.send_chain(200, &[(base, HDR_LEN as u32 - 1, false)]).1, 0);
-    assert_eq!(a.send_chain(201, &[(1 << 40, 100, false)]).1, 0);
-    assert_eq!(a.send_chain(202, &[(base, 100, true)]).1, 0);
+    assert_eq!(a.send_chain(&[(FREE, HDR_LEN as u32 - 1, false)]).1, 0);
+    assert_eq!(a.send_chain(&[(1 << 40, 100, false)]).1, 0);
+    assert_eq!(a.send_chain(&[(FREE, 100, true)]).1, 0);
     let stats = net.switch.port(GuestId(1)).unwrap().stats();
     assert_eq!(stats.drops.tx_bad_descriptors, 3);
 

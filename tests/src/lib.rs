@@ -3,10 +3,11 @@
 //!
 //! - In-process: fake guests on an engine ([`fake_guest`]); the daemon with host-process
 //!   guests ([`daemon_fixture`]); the virtio-net switch with real listeners ([`switch_fixture`]).
-//! - Frontends: a virtio-net frontend on the `vhost` crate's `Frontend`, with a QEMU 7.2 order
-//!   and raw messages on the same socket ([`vhost_frontend`]); a raw vhost-user frontend
-//!   ([`raw_frontend`]), split rings written by hand ([`virtqueue`]) and a polite virtio-net
-//!   frontend on them to deviate from ([`net_frontend`]); two well-behaved host-process guests
+//! - Frontends: one virtio-net test frontend built on the real host-process driver (its memfd
+//!   memory, split rings and vhost-user setup), with a QEMU 7.2 order, QEMU 7.2's conversation
+//!   step by step to deviate from, and raw messages on the same socket ([`vhost_frontend`]);
+//!   the raw vhost-user message codec ([`raw_frontend`]) and raw ring writes for hostile
+//!   descriptors ([`raw_ring`]); two well-behaved host-process guests
 //!   ([`polite_pair`]) and the verdict after an attack ([`arena`]); a tiny vhost-user hub device
 //!   ([`hub_device`]).
 //! - Processes: the daemon as a child process ([`daemon_proc`]), svnic-guest
@@ -21,12 +22,11 @@ pub mod frames;
 pub mod guest_tool;
 pub mod hub_device;
 pub mod logs;
-pub mod net_frontend;
 pub mod polite_pair;
 pub mod raw_frontend;
+pub mod raw_ring;
 pub mod soak;
 pub mod switch_fixture;
 pub mod vhost_frontend;
-pub mod virtqueue;
 pub mod vm;
 pub mod wait;

@@ -1,8 +1,8 @@
 //! A raw vhost-user frontend: any message, in any order, with any file descriptors, over a Unix
 //! socket, plus builders for the common message bodies and memfd helpers. Nothing here checks
 //! what it sends: that is the point (the `vhost` crate's frontend only sends polite sequences).
-//! [`crate::net_frontend`] builds a polite virtio-net frontend on top of it, from which tests
-//! deviate at any step.
+//! [`crate::vhost_frontend`] sends QEMU 7.2's conversation through it one step at a time, so
+//! that tests can deviate at any step.
 //!
 //! Wire format (vhost-user spec, "Message Specification"): a 12-byte header of three
 //! little-endian u32 (request, flags, body size), then the body; descriptors ride as
@@ -216,15 +216,7 @@ pub fn config_body(offset: u32, payload: &[u8]) -> Vec<u8> {
     b
 }
 
-/// Whether a memfd may still change size.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Sealing {
-    /// Sealed against shrinking and growing, and against further seals, as QEMU's
-    /// memory-backend-memfd does by default.
-    Sealed,
-    /// No seals: it can be truncated under the backend's feet.
-    Unsealed,
-}
+pub use svnic_host_frontend::virtio_user::Sealing;
 
 /// A memfd of a given size.
 #[derive(Debug)]

@@ -12,27 +12,34 @@ use std::time::Duration;
 
 use svnic_channels::MacAddr;
 use svnic_tests::arena::{Arena, Bounds, Footprint};
-use svnic_tests::net_frontend::{NetFrontend, WANTED_FEATURES};
 use svnic_tests::polite_pair::test_frame;
 use svnic_tests::raw_frontend::Sealing;
+use svnic_tests::vhost_frontend::{TestFrontend, RX, WANTED_FEATURES};
 
 /// Time for the daemon's vring worker to handle what a test just published.
 const SETTLE: Duration = Duration::from_millis(400);
 
 /// A frontend on "evil" that has done everything QEMU does.
-fn polite_evil(arena: &Arena) -> NetFrontend {
-    let mut f = NetFrontend::connect(&arena.socket("evil"), Sealing::Sealed).unwrap();
+fn polite_evil(arena: &Arena) -> TestFrontend {
+    let mut f = TestFrontend::connect(&arena.socket("evil"), Sealing::Sealed);
     if let Err(e) = f.polite_setup() {
         panic!("polite setup on \"evil\": {e}\n{}", arena.log());
     }
     f
 }
 
-/// A frontend on "evil" through QEMU 7.2's handshake, early enable and SET_FEATURES (what it
-/// wants of what is offered): memory and rings are the test's.
-fn evil_up_to_features(arena: &Arena) -> NetFrontend {
-    let mut f = NetFrontend::connect(&arena.socket("evil"), Sealing::Sealed).unwrap();
-    f.negotiate().unwrap();
+/// A frontend on "evil" (sealed memory) through QEMU 7.2's handshake: owner, features and
+/// protocol features asked, REPLY_ACK and CONFIG acknowledged.
+fn evil_after_handshake(arena: &Arena) -> TestFrontend {
+    let mut f = TestFrontend::connect(&arena.socket("evil"), Sealing::Sealed);
+    f.handshake().unwrap();
+    f
+}
+
+/// [`evil_after_handshake`], then early enable and SET_FEATURES (what it wants of what is
+/// offered): memory and rings are the test's.
+fn evil_up_to_features(arena: &Arena) -> TestFrontend {
+    let mut f = evil_after_handshake(arena);
     f.early_enable().unwrap();
     f.set_features(f.offered_features & WANTED_FEATURES)
         .unwrap();
@@ -40,7 +47,7 @@ fn evil_up_to_features(arena: &Arena) -> NetFrontend {
 }
 
 /// [`evil_up_to_features`], then the memory table.
-fn evil_with_memory(arena: &Arena) -> NetFrontend {
+fn evil_with_memory(arena: &Arena) -> TestFrontend {
     let f = evil_up_to_features(arena);
     f.set_mem_table().unwrap();
     f
@@ -68,7 +75,7 @@ fn the_polite_pair_alone_passes_every_check() {
     let mut evil = evil;
     evil.post_rx(16).unwrap();
     broadcast_from_a(&arena, 1);
-    let used = evil.wait_used(svnic_tests::net_frontend::RX, Duration::from_secs(10));
+    let used = evil.wait_used(RX, Duration::from_secs(10));
     assert_eq!(
         used.unwrap().len(),
         1,

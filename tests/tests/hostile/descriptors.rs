@@ -5,13 +5,18 @@
 
 use std::time::Duration;
 
+use std::os::unix::io::AsRawFd;
 use svnic_tests::arena::{Arena, Bounds};
-use svnic_tests::net_frontend::{NetFrontend, FREE, MEM_SIZE, RX, TX, WANTED_FEATURES};
-use svnic_tests::raw_frontend::{flags, mem_table, req, MemRegion, Sealing};
-use svnic_tests::virtqueue::{Desc, SplitQueue, DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE};
+
+use svnic_host_frontend::virtio_user::{MemfdMemory, RingLayout};
+use svnic_tests::raw_frontend::{flags, mem_table, req, MemRegion};
+use svnic_tests::raw_ring::{Desc, DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE};
+use svnic_tests::vhost_frontend::{
+    TestFrontend, FREE, MEM_SIZE, QUEUE_SIZE, RX, TX, WANTED_FEATURES,
+};
 
 use super::super::{
-    broadcast_from_a, evil_up_to_features, evil_with_memory, polite_evil,
+    broadcast_from_a, evil_after_handshake, evil_up_to_features, evil_with_memory, polite_evil,
     settle_then_assert_unharmed, SETTLE,
 };
 
@@ -26,9 +31,9 @@ fn desc(addr: u64, len: u32, flags: u16, next: u16) -> Desc {
 
 /// Publishes each chain on TX (kicking each), and each chain as RX buffers followed by a
 /// broadcast from A that the backend must write into them.
-fn publish_everywhere(arena: &Arena, f: &mut NetFrontend, chains: &[Vec<Desc>]) {
+fn publish_everywhere(arena: &Arena, f: &mut TestFrontend, chains: &[Vec<Desc>]) {
     for (i, chain) in chains.iter().enumerate() {
-        let head = f.queues[usize::from(TX)].avail_idx() % 256;
+        let head = f.raw_ring(TX).avail_idx().unwrap() % QUEUE_SIZE;
         let _ = f.publish_raw(TX, head, chain);
         std::thread::sleep(Duration::from_millis(20));
         let writable: Vec<Desc> = chain
@@ -38,7 +43,7 @@ fn publish_everywhere(arena: &Arena, f: &mut NetFrontend, chains: &[Vec<Desc>]) 
                 ..*d
             })
             .collect();
-        let head = f.queues[usize::from(RX)].avail_idx() % 256;
+        let head = f.raw_ring(RX).avail_idx().unwrap() % QUEUE_SIZE;
         let _ = f.publish_raw(RX, head, &writable);
         broadcast_from_a(arena, i as u64);
         std::thread::sleep(Duration::from_millis(20));
@@ -88,10 +93,14 @@ fn cve_2018_1059_ring_addresses_leaving_memory() {
         (MEM_SIZE - 16, 0x2_1000, 0x2_2000),
         (u64::MAX - 4095, u64::MAX - 1023, u64::MAX - 511),
     ] {
-        let mut f = evil_with_memory(&arena);
-        let q = &mut f.queues[usize::from(TX)];
-        (q.desc, q.avail, q.used) = (desc_gpa, avail_gpa, used_gpa);
-        let _ = f.setup_vring(TX);
+        let f = evil_with_memory(&arena);
+        let layout = RingLayout {
+            size: QUEUE_SIZE,
+            desc: desc_gpa,
+            avail: avail_gpa,
+            used: used_gpa,
+        };
+        let _ = f.setup_vring_at(TX, layout);
         let _ = f.kick(TX);
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -128,17 +137,19 @@ fn cve_2020_10723_chain_loops_and_overlong_chains() {
     let before = arena.footprint();
     // An indirect table at FREE: a loop inside it; another whose entry is itself indirect.
     let table = FREE + 0x1_0000;
-    SplitQueue::write_table(
-        &f.mem,
-        table,
-        &[
-            desc(FREE, 64, DESC_F_NEXT, 1),
-            desc(FREE, 64, DESC_F_NEXT, 0),
-        ],
-    )
-    .unwrap();
+    f.raw_ring(TX)
+        .write_table(
+            table,
+            &[
+                desc(FREE, 64, DESC_F_NEXT, 1),
+                desc(FREE, 64, DESC_F_NEXT, 0),
+            ],
+        )
+        .unwrap();
     let nested = FREE + 0x2_0000;
-    SplitQueue::write_table(&f.mem, nested, &[desc(table, 32, DESC_F_INDIRECT, 0)]).unwrap();
+    f.raw_ring(TX)
+        .write_table(nested, &[desc(table, 32, DESC_F_INDIRECT, 0)])
+        .unwrap();
     let long: Vec<Desc> = (0..256u16)
         .map(|i| desc(FREE, 64, DESC_F_NEXT, i.wrapping_add(1) % 256))
         .collect();
@@ -173,8 +184,8 @@ fn cve_2020_10724_memory_table_changed_while_rings_run() {
     let mut f = polite_evil(&arena);
     f.post_rx(64).unwrap();
     let before = arena.footprint();
-    let whole = f.mem.region();
-    let other = svnic_tests::virtqueue::GuestMem::new(MEM_SIZE, Sealing::Sealed).unwrap();
+    let whole = f.mem_region();
+    let other = MemfdMemory::new(MEM_SIZE).unwrap();
     for round in 0..20u64 {
         // Shrunk: the TX ring (0x2_0000) and every buffer fall outside.
         let shrunk = MemRegion {
@@ -183,13 +194,13 @@ fn cve_2020_10724_memory_table_changed_while_rings_run() {
         };
         // Replaced: the same addresses backed by another (zeroed) file.
         let replaced = MemRegion {
-            user_addr: other.user_addr(0),
+            user_addr: other.host_address(0).unwrap(),
             ..whole
         };
         let (table, fd) = match round % 3 {
-            0 => (mem_table(&[shrunk]), f.mem.memfd.fd()),
-            1 => (mem_table(&[replaced]), other.memfd.fd()),
-            _ => (mem_table(&[whole]), f.mem.memfd.fd()),
+            0 => (mem_table(&[shrunk]), f.memfd()),
+            1 => (mem_table(&[replaced]), other.file().as_raw_fd()),
+            _ => (mem_table(&[whole]), f.memfd()),
         };
         let _ = f.send_frame(&[0u8; 60]);
         broadcast_from_a(&arena, round);
@@ -210,11 +221,10 @@ fn cve_2020_10725_overlapping_memory_regions() {
     let arena = Arena::start("hostile-cve2020-overlap", 0);
     let before = arena.footprint();
     for shape in 0..4 {
-        let mut f = NetFrontend::connect(&arena.socket("evil"), Sealing::Sealed).unwrap();
-        f.negotiate().unwrap();
+        let mut f = evil_after_handshake(&arena);
         f.set_features(f.offered_features & WANTED_FEATURES)
             .unwrap();
-        let whole = f.mem.region();
+        let whole = f.mem_region();
         let second = match shape {
             0 => MemRegion {
                 gpa: 0x10_0000,
@@ -232,7 +242,7 @@ fn cve_2020_10725_overlapping_memory_regions() {
             },
             _ => MemRegion { size: 0, ..whole },
         };
-        let fd = f.mem.memfd.fd();
+        let fd = f.memfd();
         let _ = f.raw.send(
             req::SET_MEM_TABLE,
             flags::VERSION_1,
@@ -254,7 +264,7 @@ fn cve_2020_10725_overlapping_memory_regions() {
 fn cve_2022_2132_buffers_straddling_two_regions() {
     let arena = Arena::start("hostile-cve2022", 0);
     let mut f = evil_up_to_features(&arena);
-    let whole = f.mem.region();
+    let whole = f.mem_region();
     let seam = MEM_SIZE / 2;
     let first = MemRegion {
         size: seam,
@@ -266,7 +276,7 @@ fn cve_2022_2132_buffers_straddling_two_regions() {
         user_addr: whole.user_addr + seam,
         mmap_offset: seam,
     };
-    let fd = f.mem.memfd.fd();
+    let fd = f.memfd();
     f.request(
         "SET_MEM_TABLE (two regions)",
         req::SET_MEM_TABLE,
@@ -284,7 +294,7 @@ fn cve_2022_2132_buffers_straddling_two_regions() {
         svnic_channels::MacAddr([0x52, 0x54, 0, 0x5e, 0, 3]),
         1,
     ));
-    f.mem.write(seam - 30, &frame).unwrap();
+    f.write(seam - 30, &frame).unwrap();
     publish_everywhere(
         &arena,
         &mut f,

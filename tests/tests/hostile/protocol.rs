@@ -5,23 +5,25 @@ use std::os::unix::io::AsRawFd;
 use std::time::{Duration, Instant};
 
 use svnic_tests::arena::{run_with_timeout, Arena, Bounds};
-use svnic_tests::net_frontend::{NetFrontend, RX, TX, WANTED_FEATURES};
 use svnic_tests::polite_pair::{GUEST_MEMORY, LEG_TIMEOUT};
 use svnic_tests::raw_frontend::{
     encode, flags, mem_table, protocol, req, single_region, vring_fd_body, vring_state, MemRegion,
     Memfd, Pipe, Sealing,
 };
-use svnic_tests::virtqueue::Desc;
+use svnic_tests::raw_ring::Desc;
+use svnic_tests::vhost_frontend::{TestFrontend, RX, TX, TX_BUFS, WANTED_FEATURES};
 
-use super::super::{evil_with_memory, polite_evil, settle_then_assert_unharmed, SETTLE};
+use super::super::{
+    evil_after_handshake, evil_with_memory, polite_evil, settle_then_assert_unharmed, SETTLE,
+};
 
 /// Attack 1: the memfd behind the memory table shrinks to nothing before the rings are set up;
 /// SET_VRING_ADDR makes the backend read the used ring.
 #[test]
 fn attack_01_memfd_truncated_before_vring_addr() {
     let arena = Arena::start("hostile-a01a", 0);
-    let mut f = NetFrontend::connect(&arena.socket("evil"), Sealing::Unsealed).unwrap();
-    f.negotiate().unwrap();
+    let mut f = TestFrontend::connect(&arena.socket("evil"), Sealing::Unsealed);
+    f.handshake().unwrap();
     f.early_enable().unwrap();
     f.set_features(f.offered_features & WANTED_FEATURES)
         .unwrap();
@@ -31,7 +33,7 @@ fn attack_01_memfd_truncated_before_vring_addr() {
     if let Err(e) = f.set_mem_table() {
         panic!("SET_MEM_TABLE refused: {e}\n{}", arena.log());
     }
-    f.mem.memfd.set_len(0).unwrap();
+    f.memory.file().set_len(0).unwrap();
     for q in [RX, TX] {
         let _ = f.setup_vring(q);
     }
@@ -61,7 +63,7 @@ fn assert_fault_recovered(arena: &Arena) {
 #[test]
 fn attack_01_memfd_truncated_while_rings_run() {
     let arena = Arena::start("hostile-a01b", 0);
-    let mut f = NetFrontend::connect(&arena.socket("evil"), Sealing::Unsealed).unwrap();
+    let mut f = TestFrontend::connect(&arena.socket("evil"), Sealing::Unsealed);
     let before = arena.footprint();
     if let Err(e) = f.polite_setup() {
         panic!(
@@ -73,18 +75,17 @@ fn attack_01_memfd_truncated_while_rings_run() {
     // process's own SIGBUS. Only the kick is left.
     f.send_frame(&[0u8; 60]).unwrap();
     let _ = f.wait_used(TX, Duration::from_secs(2));
-    let head = f.queues[usize::from(TX)].avail_idx();
+    let tx = f.raw_ring(TX);
+    let head = tx.avail_idx().unwrap();
     let d = Desc {
-        addr: svnic_tests::net_frontend::TX_BUFS,
+        addr: TX_BUFS,
         len: 72,
         flags: 0,
         next: 0,
     };
-    f.queues[usize::from(TX)]
-        .write_desc(&f.mem, head, d)
-        .unwrap();
-    f.queues[usize::from(TX)].publish(&f.mem, head).unwrap();
-    f.mem.memfd.set_len(0).unwrap();
+    tx.write_desc(head, d).unwrap();
+    tx.publish(head).unwrap();
+    f.memory.file().set_len(0).unwrap();
     let _ = f.kick(TX);
     let _ = f.kick(RX);
     std::thread::sleep(SETTLE);
@@ -98,8 +99,7 @@ fn attack_01_memfd_truncated_while_rings_run() {
 fn attack_02_millions_of_early_vring_enables() {
     const MESSAGES: u32 = 2_000_000;
     let arena = Arena::start("hostile-a02", 0);
-    let mut f = NetFrontend::connect(&arena.socket("evil"), Sealing::Sealed).unwrap();
-    f.negotiate().unwrap();
+    let f = evil_after_handshake(&arena);
     let before = arena.footprint();
     let mut chunk = Vec::with_capacity(1 << 20);
     let mut sent = 0u32;
@@ -129,8 +129,7 @@ fn attack_02_millions_of_early_vring_enables() {
 fn attack_03_a_thousand_memory_regions_added() {
     const REGIONS: u64 = 1000;
     let arena = Arena::start("hostile-a03", 0);
-    let mut f = NetFrontend::connect(&arena.socket("evil"), Sealing::Sealed).unwrap();
-    f.negotiate().unwrap();
+    let mut f = evil_after_handshake(&arena);
     let unoffered = protocol::REPLY_ACK | protocol::CONFIG | protocol::CONFIGURE_MEM_SLOTS;
     let _ = f.set_protocol_features(unoffered);
     f.reply_ack = false;
@@ -249,8 +248,7 @@ fn memory_tables_with_lying_region_counts() {
     let memfd = Memfd::new(1 << 20, Sealing::Sealed).unwrap();
     let fds = [memfd.fd(); 32];
     for (count, carried) in [(0u32, 0usize), (8, 1), (33, 33), (u32::MAX, 2), (1, 1)] {
-        let mut f = NetFrontend::connect(&arena.socket("evil"), Sealing::Sealed).unwrap();
-        f.negotiate().unwrap();
+        let mut f = evil_after_handshake(&arena);
         f.set_features(f.offered_features & WANTED_FEATURES)
             .unwrap();
         let regions: Vec<MemRegion> = (0..carried as u64)

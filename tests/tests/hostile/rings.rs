@@ -4,16 +4,16 @@
 use std::time::Duration;
 
 use svnic_tests::arena::Arena;
-use svnic_tests::net_frontend::{NetFrontend, FREE, RX, TX};
 use svnic_tests::raw_frontend::{req, vring_state};
-use svnic_tests::virtqueue::{Desc, DESC_F_WRITE};
+use svnic_tests::raw_ring::{Desc, DESC_F_WRITE};
+use svnic_tests::vhost_frontend::{TestFrontend, FREE, QUEUE_SIZE, RX, TX};
 
 use super::super::{broadcast_from_a, evil_with_memory, polite_evil, settle_then_assert_unharmed};
 
 /// Sends the ring-state request `request` (`what`, for logs) for ring `q` with `value`, whether
 /// or not the backend accepts it.
-fn send_vring_state(f: &NetFrontend, what: &str, request: u32, q: u16, value: u32) {
-    let _ = f.request(what, request, &vring_state(u32::from(q), value), &[]);
+fn send_vring_state(f: &TestFrontend, what: &str, request: u32, q: usize, value: u32) {
+    let _ = f.request(what, request, &vring_state(q as u32, value), &[]);
 }
 
 /// `avail.idx` far ahead of what was consumed (a whole ring and more, and "behind"), with
@@ -21,19 +21,18 @@ fn send_vring_state(f: &NetFrontend, what: &str, request: u32, q: u16, value: u3
 #[test]
 fn cve_2024_11614_available_index_far_ahead() {
     let arena = Arena::start("hostile-cve2024-idx", 0);
-    let mut f = polite_evil(&arena);
+    let f = polite_evil(&arena);
     let before = arena.footprint();
     for q in [TX, RX] {
-        let queue = &mut f.queues[usize::from(q)];
-        for slot in 0..256u16 {
-            queue
-                .set_avail_entry(&f.mem, slot, 256u16.wrapping_add(slot.wrapping_mul(251)))
+        let ring = f.raw_ring(q);
+        for slot in 0..QUEUE_SIZE {
+            ring.set_avail_entry(slot, 256u16.wrapping_add(slot.wrapping_mul(251)))
                 .unwrap();
         }
     }
     for idx in [257u16, 40_000, u16::MAX, 1] {
         for q in [TX, RX] {
-            f.queues[usize::from(q)].set_avail_idx(&f.mem, idx).unwrap();
+            f.raw_ring(q).set_avail_idx(idx).unwrap();
             let _ = f.kick(q);
         }
         broadcast_from_a(&arena, u64::from(idx));
@@ -46,9 +45,7 @@ fn cve_2024_11614_available_index_far_ahead() {
 /// up and kicked as if nothing happened. One connection per value (a refusal may end it).
 #[test]
 fn cve_2024_11614_bogus_ring_sizes() {
-    let arena = Arena::start("hostile-cve2024-num", 0);
-    let before = arena.footprint();
-    for num in [
+    let sizes = [
         0u32,
         3,
         255,
@@ -58,16 +55,32 @@ fn cve_2024_11614_bogus_ring_sizes() {
         65_536,
         1 << 20,
         u32::MAX,
-    ] {
-        let mut f = evil_with_memory(&arena);
+    ];
+    attack_each_on_a_new_connection("hostile-cve2024-num", &sizes, |f, num| {
         let _ = f.setup_vring(RX);
         let _ = f.setup_vring(TX);
         for q in [RX, TX] {
-            send_vring_state(&f, "SET_VRING_NUM", req::SET_VRING_NUM, q, num);
+            send_vring_state(f, "SET_VRING_NUM", req::SET_VRING_NUM, q, num);
         }
         let _ = f.send_frame(&[0u8; 60]);
         let _ = f.post_rx(8);
-        broadcast_from_a(&arena, u64::from(num));
+    });
+}
+
+/// Starts an arena named `name`; for each of `values`, a new frontend through the memory table
+/// (one connection per value: a refusal may end it) gets `attack`, then A broadcasts (into its
+/// RX queue); then the verdict.
+fn attack_each_on_a_new_connection(
+    name: &str,
+    values: &[u32],
+    attack: impl Fn(&mut TestFrontend, u32),
+) {
+    let arena = Arena::start(name, 0);
+    let before = arena.footprint();
+    for &value in values {
+        let mut f = evil_with_memory(&arena);
+        attack(&mut f, value);
+        broadcast_from_a(&arena, u64::from(value));
         std::thread::sleep(Duration::from_millis(50));
     }
     settle_then_assert_unharmed(arena, before);
@@ -77,13 +90,11 @@ fn cve_2024_11614_bogus_ring_sizes() {
 /// then traffic; and SET_VRING_* for rings that do not exist.
 #[test]
 fn cve_2024_11614_absurd_ring_bases_and_indices() {
-    let arena = Arena::start("hostile-cve2024-base", 0);
-    let before = arena.footprint();
-    for base in [0x8000u32, 0xffff, 0x1_0000, u32::MAX] {
-        let mut f = evil_with_memory(&arena);
+    let bases = [0x8000u32, 0xffff, 0x1_0000, u32::MAX];
+    attack_each_on_a_new_connection("hostile-cve2024-base", &bases, |f, base| {
         for q in [RX, TX] {
             let _ = f.setup_vring(q);
-            send_vring_state(&f, "SET_VRING_BASE", req::SET_VRING_BASE, q, base);
+            send_vring_state(f, "SET_VRING_BASE", req::SET_VRING_BASE, q, base);
         }
         for ring in [2u32, 255, 0x8000, u32::MAX] {
             for request in [
@@ -95,7 +106,7 @@ fn cve_2024_11614_absurd_ring_bases_and_indices() {
             }
         }
         let _ = f.send_frame(&[0u8; 60]);
-        let slot = f.queues[usize::from(RX)].avail_idx() % 256;
+        let slot = f.raw_ring(RX).avail_idx().unwrap() % QUEUE_SIZE;
         let _ = f.publish_raw(
             RX,
             slot,
@@ -106,8 +117,5 @@ fn cve_2024_11614_absurd_ring_bases_and_indices() {
                 next: 0,
             }],
         );
-        broadcast_from_a(&arena, u64::from(base));
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    settle_then_assert_unharmed(arena, before);
+    });
 }

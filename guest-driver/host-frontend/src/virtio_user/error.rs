@@ -69,6 +69,9 @@ pub enum VirtioUserError {
     /// The queue size is not a power of two in 2..=32768.
     #[error("queue size {0} is not a power of two in 2..=32768")]
     BadQueueSize(u16),
+    /// A queue index other than RX (0) and TX (1).
+    #[error("queue index {0}: this device has only queues 0 (RX) and 1 (TX)")]
+    BadQueueIndex(usize),
     /// Creating, writing or waiting on an eventfd failed.
     #[error("eventfd ({what}): {source}")]
     EventFd {

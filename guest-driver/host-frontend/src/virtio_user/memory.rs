@@ -27,6 +27,19 @@ pub const REGION_ALIGN: u64 = 2 << 20;
 /// Smallest memory accepted (rings and buffers of two queues need about 1.5 MiB).
 pub const MIN_MEMORY_SIZE: u64 = 4 << 20;
 
+/// Whether the memfd may still change size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sealing {
+    /// Sealed against shrinking, growing and further seals (`F_SEAL_SHRINK | F_SEAL_GROW |
+    /// F_SEAL_SEAL`), as QEMU's memory-backend-memfd seals it by default: neither side can
+    /// change the size under the other's mapping. What a guest uses.
+    Sealed,
+    /// No seals: whoever holds the fd can truncate it, and every mapping then faults (SIGBUS)
+    /// past the new end, this process's included. Only for tests of a backend facing such a
+    /// frontend.
+    Unsealed,
+}
+
 /// Errors of the guest memory.
 #[derive(Debug, Error)]
 pub enum MemoryError {
@@ -89,6 +102,11 @@ impl MemfdMemory {
     /// Creates a memfd of `size` bytes (a multiple of 4 KiB, at least [`MIN_MEMORY_SIZE`]),
     /// seals its size, and maps it shared at guest-physical address 0.
     pub fn new(size: u64) -> Result<Self, MemoryError> {
+        Self::with_sealing(size, Sealing::Sealed)
+    }
+
+    /// [`MemfdMemory::new`] with the seals chosen by `sealing`.
+    pub fn with_sealing(size: u64, sealing: Sealing) -> Result<Self, MemoryError> {
         let max = isize::MAX as u64;
         if size % PAGE != 0 || !(MIN_MEMORY_SIZE..=max).contains(&size) {
             return Err(MemoryError::BadSize {
@@ -97,7 +115,7 @@ impl MemfdMemory {
                 max,
             });
         }
-        let file = create_memfd(size)?;
+        let file = create_memfd(size, sealing)?;
         let file = Arc::new(file);
         let ranges = [(
             GuestAddress(0),
@@ -116,6 +134,12 @@ impl MemfdMemory {
     /// The vm-memory view of the whole memory (guest-physical addresses from 0).
     pub fn guest_memory(&self) -> &Arc<GuestMemoryMmap> {
         &self.mem
+    }
+
+    /// The memfd (what the memory table sends). With [`Sealing::Unsealed`] a `set_len` on it
+    /// makes every access past the new end fault, in this process too.
+    pub fn file(&self) -> &File {
+        &self.file
     }
 
     /// Size in bytes.
@@ -249,7 +273,7 @@ impl MemfdMemory {
     }
 }
 
-fn create_memfd(size: u64) -> Result<File, MemoryError> {
+fn create_memfd(size: u64, sealing: Sealing) -> Result<File, MemoryError> {
     let name = c"svnic-guest-memory";
     // SAFETY: memfd_create reads the NUL-terminated name (a valid C string literal) and returns
     // a new file descriptor or -1; it has no other memory effects.
@@ -265,6 +289,9 @@ fn create_memfd(size: u64) -> Result<File, MemoryError> {
         step: "ftruncate",
         source,
     })?;
+    if sealing == Sealing::Unsealed {
+        return Ok(file);
+    }
     // Neither side may change the size under the other's mapping (a shrink would make the
     // backend's accesses fault with SIGBUS).
     // SAFETY: fcntl F_ADD_SEALS on a descriptor we own, with an integer argument.
@@ -328,6 +355,19 @@ mod tests {
         // SAFETY: ftruncate on the memory's own descriptor; the seal makes it fail.
         assert_ne!(unsafe { libc::ftruncate(fd, 0) }, 0);
         assert_eq!(m.size(), 8 * MIB);
+    }
+
+    #[test]
+    fn unsealed_memory_can_be_resized_through_its_file() {
+        let m = MemfdMemory::with_sealing(8 * MIB, Sealing::Unsealed).unwrap();
+        let fd = m.file().as_raw_fd();
+        assert_eq!(fd, m.vhost_region().unwrap().mmap_handle);
+        // SAFETY: fcntl(F_GET_SEALS) on the memory's own descriptor.
+        let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
+        assert_eq!(seals & (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW), 0);
+        // Growing keeps every mapped byte valid (shrinking would fault this test's accesses).
+        m.file().set_len(16 * MIB).unwrap();
+        assert_eq!(m.file().metadata().unwrap().len(), 16 * MIB);
     }
 
     #[test]

@@ -37,7 +37,7 @@ pub mod virtio_net;
 
 pub use allocator::{AllocError, RangeAllocator};
 pub use error::{NetDeviceError, VirtioUserError};
-pub use memory::{MemfdMemory, MemoryError, DEFAULT_MEMORY_SIZE, REGION_ALIGN};
+pub use memory::{MemfdMemory, MemoryError, Sealing, DEFAULT_MEMORY_SIZE, REGION_ALIGN};
 pub use notifier::{CallWaiter, WaitOutcome};
-pub use split_ring::{RingError, RingLayout, SplitRing, UsedBuffer};
+pub use split_ring::{ChainSegment, Descriptor, RingError, RingLayout, SplitRing, UsedBuffer};
 pub use virtio_net::{NetStats, VirtioNet, BUFFER_SIZE, DEFAULT_QUEUE_SIZE, MAX_TX_FRAME};

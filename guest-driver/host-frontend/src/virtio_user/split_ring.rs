@@ -1,13 +1,17 @@
 //! The driver side of a virtio 1.x split virtqueue (virtio 1.2, section 2.7 "Split Virtqueues"),
 //! in shared memory the device also maps.
 //!
-//! One buffer is one descriptor (no chains, no indirect descriptors): that is all virtio-net
-//! needs here, and it keeps the bookkeeping exact. Every descriptor id is in one of three states:
-//! free, claimed (held by the driver code above, between [`SplitRing::claim`] or
-//! [`SplitRing::pop_used`] and [`SplitRing::push`] or [`SplitRing::unclaim`]), or owned by the
-//! device (made available, not yet returned). The device is not trusted: every used element it
-//! writes is checked against that state, and an impossible one breaks the ring with a
-//! [`RingError`] (sticky: the ring is unusable after it), never a panic.
+//! A buffer is one descriptor ([`SplitRing::push`], the data path of virtio-net here) or a chain
+//! of several, NEXT-linked ([`SplitRing::push_chain`]); no indirect descriptors. Every descriptor
+//! id is in one of three states: free, claimed (held by the driver code above, between
+//! [`SplitRing::claim`] or [`SplitRing::pop_used`] and [`SplitRing::push`] or
+//! [`SplitRing::unclaim`]), or owned by the device (made available, not yet returned). A chain is
+//! owned by the device as a whole and comes back as one used element naming its head: the head
+//! is then claimed by the caller, and the chain's other ids go straight back to the free list
+//! (the caller keys its buffers by head). The device is not trusted: every used element it
+//! writes is checked against that state (a chain's tail id is never a valid used id), and an
+//! impossible one breaks the ring with a [`RingError`] (sticky: the ring is unusable after it),
+//! never a panic.
 //!
 //! Ordering (2.7.13 "Supplying Buffers to The Device", 2.7.14 "Receiving Used Buffers From The
 //! Device"): descriptors and avail-ring slots are written first, then `avail.idx` is stored with
@@ -21,7 +25,7 @@ use std::sync::Arc;
 
 use thiserror::Error;
 use virtio_bindings::virtio_ring::{
-    VRING_AVAIL_F_NO_INTERRUPT, VRING_DESC_F_WRITE, VRING_USED_F_NO_NOTIFY,
+    VRING_AVAIL_F_NO_INTERRUPT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE, VRING_USED_F_NO_NOTIFY,
 };
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -64,12 +68,76 @@ impl RingLayout {
         RING_HEADER + USED_ELEM_SIZE * u64::from(size) + 2
     }
 
+    /// The three parts laid out one after the other from `base` (descriptor table, avail ring,
+    /// used ring at the next 4-byte boundary). `base` must be 16-byte aligned.
+    pub fn contiguous(base: u64, size: u16) -> Self {
+        let avail = base + Self::desc_bytes(size);
+        let used = (avail + Self::avail_bytes(size) + 3) & !3;
+        RingLayout {
+            size,
+            desc: base,
+            avail,
+            used,
+        }
+    }
+
+    /// Address of descriptor `id` (any id: one past the table is the caller's business).
+    pub fn desc_addr(&self, id: u16) -> u64 {
+        self.desc.wrapping_add(DESC_SIZE * u64::from(id))
+    }
+
+    /// Address of `avail.idx`.
+    pub fn avail_idx_addr(&self) -> u64 {
+        self.avail.wrapping_add(2)
+    }
+
+    /// Address of `avail.ring[slot]` (any slot).
+    pub fn avail_entry_addr(&self, slot: u16) -> u64 {
+        self.avail.wrapping_add(RING_HEADER + 2 * u64::from(slot))
+    }
+
+    /// Address of `used.idx`.
+    pub fn used_idx_addr(&self) -> u64 {
+        self.used.wrapping_add(2)
+    }
+
+    /// Address of `used.ring[slot]` (any slot).
+    pub fn used_elem_addr(&self, slot: u16) -> u64 {
+        self.used
+            .wrapping_add(RING_HEADER + USED_ELEM_SIZE * u64::from(slot))
+    }
+
     fn used_event_addr(&self) -> u64 {
-        self.avail + RING_HEADER + 2 * u64::from(self.size)
+        self.avail_entry_addr(self.size)
     }
 
     fn avail_event_addr(&self) -> u64 {
-        self.used + RING_HEADER + USED_ELEM_SIZE * u64::from(self.size)
+        self.used_elem_addr(self.size)
+    }
+}
+
+/// One descriptor as the table holds it (2.7.5: le64 addr, le32 len, le16 flags, le16 next).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Descriptor {
+    /// Guest-physical address of the buffer.
+    pub addr: u64,
+    /// Buffer length.
+    pub len: u32,
+    /// `VRING_DESC_F_*`.
+    pub flags: u16,
+    /// Next descriptor of the chain, with `VRING_DESC_F_NEXT`.
+    pub next: u16,
+}
+
+impl Descriptor {
+    /// Its 16 bytes in the table.
+    pub fn to_le_bytes(&self) -> [u8; DESC_SIZE as usize] {
+        let mut b = [0u8; DESC_SIZE as usize];
+        b[0..8].copy_from_slice(&self.addr.to_le_bytes());
+        b[8..12].copy_from_slice(&self.len.to_le_bytes());
+        b[12..14].copy_from_slice(&self.flags.to_le_bytes());
+        b[14..16].copy_from_slice(&self.next.to_le_bytes());
+        b
     }
 }
 
@@ -111,7 +179,7 @@ pub enum RingError {
         id: u16,
         /// Length written by the device.
         len: u32,
-        /// Buffer length.
+        /// Writable bytes of the buffer (of the whole chain).
         buffer_len: u32,
     },
     /// `used.idx` moved by more than the number of buffers the device holds.
@@ -148,22 +216,47 @@ pub enum RingError {
     },
 }
 
-/// A buffer the device returned: its descriptor id (now claimed by the caller) and the number of
-/// bytes the device wrote (validated against the buffer for device-writable buffers).
+/// A buffer the device returned: its descriptor id (the head, for a chain; now claimed by the
+/// caller) and the number of bytes the device wrote (validated against the writable part of the
+/// buffer when it has one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UsedBuffer {
-    /// Descriptor id.
+    /// Descriptor id (head of the chain).
     pub id: u16,
     /// Bytes written by the device.
     pub len: u32,
+}
+
+/// One descriptor of a chain given to [`SplitRing::push_chain`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChainSegment {
+    /// A claimed descriptor id.
+    pub id: u16,
+    /// Guest-physical address of the buffer.
+    pub addr: u64,
+    /// Buffer length.
+    pub len: u32,
+    /// The device writes this buffer (else it reads it).
+    pub writable: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Slot {
     Free,
     Claimed,
-    Device { len: u32, writable: bool },
+    /// Head of a buffer the device owns: `len` writable bytes in total (saturating), `writable`
+    /// if any part is device-writable, `tail` further descriptors chained after it.
+    Device {
+        len: u32,
+        writable: bool,
+        tail: u16,
+    },
+    /// A descriptor after the head of a chain the device owns.
+    Chained,
 }
+
+/// `links` entry of an id that continues no chain.
+const NO_LINK: u16 = u16::MAX;
 
 /// True if an index moving from `old` to `new` passes `event` (the `vring_need_event` rule of
 /// 2.7.7.2 and 2.7.10.2: notify when the index moves past the event index).
@@ -179,6 +272,9 @@ pub struct SplitRing {
     layout: RingLayout,
     event_idx: bool,
     slots: Vec<Slot>,
+    /// For an id inside a chain the device owns: the next id of that chain (our own record; the
+    /// descriptor table is shared and may have been rewritten by the device).
+    links: Vec<u16>,
     free: Vec<u16>,
     /// Our avail idx: the next avail-ring entry we write (the private copy; never read back).
     next_avail: Wrapping<u16>,
@@ -238,6 +334,7 @@ impl SplitRing {
             layout,
             event_idx,
             slots: vec![Slot::Free; usize::from(size)],
+            links: vec![NO_LINK; usize::from(size)],
             free: (0..size).rev().collect(),
             next_avail: Wrapping(0),
             kick_checked: Wrapping(0),
@@ -255,6 +352,17 @@ impl SplitRing {
     /// Queue size.
     pub fn size(&self) -> u16 {
         self.layout.size
+    }
+
+    /// The driver's avail idx: how many buffers were made available since the ring was set up
+    /// (wrapping), published or not.
+    pub fn avail_idx(&self) -> u16 {
+        self.next_avail.0
+    }
+
+    /// The used idx up to which used elements were consumed.
+    pub fn last_used(&self) -> u16 {
+        self.last_used.0
     }
 
     /// Buffers the device holds.
@@ -355,23 +463,159 @@ impl SplitRing {
         } else {
             0
         };
-        let mut desc = [0u8; DESC_SIZE as usize];
-        desc[0..8].copy_from_slice(&addr.to_le_bytes());
-        desc[8..12].copy_from_slice(&len.to_le_bytes());
-        desc[12..14].copy_from_slice(&flags.to_le_bytes());
         // next = 0: no VIRTQ_DESC_F_NEXT, a chain of one.
-        let desc_addr = self.layout.desc + DESC_SIZE * u64::from(id);
+        self.write_desc(id, addr, len, flags, 0)?;
+        self.make_available(id)?;
+        self.slots[usize::from(id)] = Slot::Device {
+            len,
+            writable,
+            tail: 0,
+        };
+        Ok(())
+    }
+
+    /// Makes a chain of claimed descriptors available as one buffer, in the order given
+    /// (2.7.5: each descriptor but the last has VIRTQ_DESC_F_NEXT and names the next). Rules
+    /// (2.7.4.2): 1..=size distinct claimed ids, device-readable segments before device-writable
+    /// ones; a violation is a [`RingError::Misuse`] and leaves every id claimed. The device
+    /// returns the chain by its head (the first id); see the module documentation for the rest.
+    pub fn push_chain(&mut self, chain: &[ChainSegment]) -> Result<(), RingError> {
+        self.check()?;
+        let (Some(head), Some(last)) = (chain.first(), chain.last()) else {
+            return Err(self.misuse("push_chain of an empty chain".into()));
+        };
+        let Some(tail) = u16::try_from(chain.len() - 1)
+            .ok()
+            .filter(|t| *t < self.layout.size)
+        else {
+            return Err(self.misuse(format!(
+                "push_chain of {} descriptors on a queue of {}",
+                chain.len(),
+                self.layout.size
+            )));
+        };
+        // Mark as we check, so that a repeated id is seen; undo on any error.
+        let mut seen_writable = false;
+        for (i, seg) in chain.iter().enumerate() {
+            let why = if self.slots.get(usize::from(seg.id)) != Some(&Slot::Claimed) {
+                Some(format!(
+                    "push_chain of descriptor {}, which is not claimed (or repeated)",
+                    seg.id
+                ))
+            } else if seen_writable && !seg.writable {
+                Some(format!(
+                    "push_chain: device-readable descriptor {} after a device-writable one",
+                    seg.id
+                ))
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                self.unmark(&chain[..i]);
+                return Err(self.misuse(why));
+            }
+            seen_writable |= seg.writable;
+            self.slots[usize::from(seg.id)] = Slot::Chained;
+        }
+        let mut writable_len = 0u32;
+        for (seg, next) in chain
+            .iter()
+            .zip(chain.iter().skip(1).map(Some).chain([None]))
+        {
+            let mut flags = if seg.writable {
+                VRING_DESC_F_WRITE as u16
+            } else {
+                0
+            };
+            if next.is_some() {
+                flags |= VRING_DESC_F_NEXT as u16;
+            }
+            let next_id = next.map_or(0, |n| n.id);
+            if let Err(e) = self.write_desc(seg.id, seg.addr, seg.len, flags, next_id) {
+                self.unmark(chain);
+                return Err(e);
+            }
+            if seg.writable {
+                writable_len = writable_len.saturating_add(seg.len);
+            }
+        }
+        if let Err(e) = self.make_available(head.id) {
+            self.unmark(chain);
+            return Err(e);
+        }
+        for pair in chain.windows(2) {
+            self.links[usize::from(pair[0].id)] = pair[1].id;
+        }
+        self.links[usize::from(last.id)] = NO_LINK;
+        self.slots[usize::from(head.id)] = Slot::Device {
+            len: writable_len,
+            writable: seen_writable,
+            tail,
+        };
+        Ok(())
+    }
+
+    fn misuse(&self, why: String) -> RingError {
+        RingError::Misuse {
+            queue: self.queue,
+            why,
+        }
+    }
+
+    /// Gives the ids of a chain that [`SplitRing::push_chain`] refused back to the caller.
+    fn unmark(&mut self, segs: &[ChainSegment]) {
+        for seg in segs {
+            if let Some(slot) = self.slots.get_mut(usize::from(seg.id)) {
+                *slot = Slot::Claimed;
+            }
+        }
+    }
+
+    fn write_desc(
+        &self,
+        id: u16,
+        addr: u64,
+        len: u32,
+        flags: u16,
+        next: u16,
+    ) -> Result<(), RingError> {
+        let desc = Descriptor {
+            addr,
+            len,
+            flags,
+            next,
+        };
+        let desc_addr = self.layout.desc_addr(id);
         self.mem
-            .write_slice(&desc, GuestAddress(desc_addr))
-            .map_err(|e| self.mem_err("descriptor", desc_addr, e))?;
-        let slot = u64::from(self.next_avail.0 & (self.layout.size - 1));
-        let entry = self.layout.avail + RING_HEADER + 2 * slot;
+            .write_slice(&desc.to_le_bytes(), GuestAddress(desc_addr))
+            .map_err(|e| self.mem_err("descriptor", desc_addr, e))
+    }
+
+    /// Writes `head` into the next avail-ring entry and counts the buffer as the device's.
+    fn make_available(&mut self, head: u16) -> Result<(), RingError> {
+        let entry = self
+            .layout
+            .avail_entry_addr(self.next_avail.0 & (self.layout.size - 1));
         // Relaxed: the Release store of avail.idx in publish() orders this write before it.
-        self.store_u16("avail ring entry", entry, id, Ordering::Relaxed)?;
+        self.store_u16("avail ring entry", entry, head, Ordering::Relaxed)?;
         self.next_avail += 1;
-        self.slots[usize::from(id)] = Slot::Device { len, writable };
         self.in_flight += 1;
         Ok(())
+    }
+
+    /// Returns the tail of the chain headed by `head` (`tail` ids) to the free list.
+    fn free_tail(&mut self, head: u16, tail: u16) {
+        let mut id = head;
+        for _ in 0..tail {
+            let next = self.links[usize::from(id)];
+            self.links[usize::from(id)] = NO_LINK;
+            let Some(slot) = self.slots.get_mut(usize::from(next)) else {
+                return;
+            };
+            *slot = Slot::Free;
+            self.free.push(next);
+            id = next;
+        }
     }
 
     /// Publishes every pushed buffer: stores avail.idx with Release (2.7.13.3 "Updating idx":
@@ -380,7 +624,7 @@ impl SplitRing {
         self.check()?;
         self.store_u16(
             "avail idx",
-            self.layout.avail + 2,
+            self.layout.avail_idx_addr(),
             self.next_avail.0,
             Ordering::Release,
         )
@@ -419,7 +663,7 @@ impl SplitRing {
     pub fn pop_used(&mut self) -> Result<Option<UsedBuffer>, RingError> {
         self.check()?;
         // Acquire: the used elements up to used.idx are visible once we see it.
-        let used_idx = self.load_u16("used idx", self.layout.used + 2, Ordering::Acquire)?;
+        let used_idx = self.load_u16("used idx", self.layout.used_idx_addr(), Ordering::Acquire)?;
         let pending = used_idx.wrapping_sub(self.last_used.0);
         if pending == 0 {
             return Ok(None);
@@ -432,8 +676,9 @@ impl SplitRing {
                 in_flight: self.in_flight,
             });
         }
-        let slot = u64::from(self.last_used.0 & (self.layout.size - 1));
-        let addr = self.layout.used + RING_HEADER + USED_ELEM_SIZE * slot;
+        let addr = self
+            .layout
+            .used_elem_addr(self.last_used.0 & (self.layout.size - 1));
         let elem: [u8; 8] = match self.mem.read_obj(GuestAddress(addr)) {
             Ok(e) => e,
             Err(e) => {
@@ -455,6 +700,7 @@ impl SplitRing {
             Slot::Device {
                 len: buffer_len,
                 writable,
+                tail,
             } => {
                 // For a device-readable buffer (TX) len means nothing (the device wrote
                 // nothing; some devices report 0, some the frame length): it is ignored.
@@ -466,8 +712,11 @@ impl SplitRing {
                         buffer_len,
                     });
                 }
+                if tail != 0 {
+                    self.free_tail(id16, tail);
+                }
             }
-            Slot::Free | Slot::Claimed => {
+            Slot::Free | Slot::Claimed | Slot::Chained => {
                 return self.fail(RingError::NotOutstanding {
                     queue: self.queue,
                     id,
@@ -500,7 +749,7 @@ impl SplitRing {
         // The request must be visible before we re-read used.idx, or a buffer returned in
         // between could go unnotified while we sleep.
         fence(Ordering::SeqCst);
-        let used_idx = self.load_u16("used idx", self.layout.used + 2, Ordering::Acquire)?;
+        let used_idx = self.load_u16("used idx", self.layout.used_idx_addr(), Ordering::Acquire)?;
         Ok(used_idx != self.last_used.0)
     }
 

@@ -53,6 +53,8 @@ pub struct Negotiated {
     pub mac: MacAddr,
     /// Link state from config space, if VIRTIO_NET_F_STATUS was negotiated.
     pub link_up: Option<bool>,
+    /// Acknowledged vhost-user protocol features.
+    pub protocol: VhostUserProtocolFeatures,
 }
 
 impl Negotiated {
@@ -74,6 +76,15 @@ pub fn connect(socket_path: &Path) -> Result<Frontend, VirtioUserError> {
 /// SET_OWNER, feature and protocol-feature negotiation, and the MAC (and link state) from
 /// config space (virtio 1.2, 5.1.4 "Device configuration layout": mac at 0, status at 6).
 pub fn negotiate(fe: &mut Frontend) -> Result<Negotiated, VirtioUserError> {
+    negotiate_with(fe, VhostUserProtocolFeatures::empty())
+}
+
+/// [`negotiate`], also acknowledging those of `extra_protocol` the backend offers (protocol
+/// features this driver does not use itself, such as RESET_DEVICE for a caller that resets).
+pub fn negotiate_with(
+    fe: &mut Frontend,
+    extra_protocol: VhostUserProtocolFeatures,
+) -> Result<Negotiated, VirtioUserError> {
     fe.set_owner().map_err(step("SET_OWNER"))?;
     let offered = fe.get_features().map_err(step("GET_FEATURES"))?;
     let missing: Vec<&str> = WANTED_FEATURES
@@ -96,8 +107,10 @@ pub fn negotiate(fe: &mut Frontend) -> Result<Negotiated, VirtioUserError> {
             offered: proto_offered.bits(),
         });
     }
-    let proto =
-        proto_offered & (VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::REPLY_ACK);
+    let proto = proto_offered
+        & (VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | extra_protocol);
     fe.set_protocol_features(proto)
         .map_err(step("SET_PROTOCOL_FEATURES"))?;
     if proto.contains(VhostUserProtocolFeatures::REPLY_ACK) {
@@ -139,12 +152,11 @@ pub fn negotiate(fe: &mut Frontend) -> Result<Negotiated, VirtioUserError> {
         features,
         mac,
         link_up,
+        protocol: proto,
     })
 }
 
-/// SET_MEM_TABLE with the memfd, then for each queue: SET_VRING_NUM, SET_VRING_BASE(0),
-/// SET_VRING_ADDR (addresses in this process's mapping, as vhost-user wants), SET_VRING_KICK,
-/// SET_VRING_CALL, SET_VRING_ENABLE(1).
+/// SET_MEM_TABLE with the memfd, then [`start_queue`] for RX and TX from index 0.
 pub fn start_queues(
     fe: &mut Frontend,
     memory: &MemfdMemory,
@@ -152,53 +164,76 @@ pub fn start_queues(
     tx: RingLayout,
     fds: &QueueEventFds,
 ) -> Result<(), VirtioUserError> {
+    set_mem_table(fe, memory)?;
+    for (index, layout) in [(RX_QUEUE, rx), (TX_QUEUE, tx)] {
+        start_queue(fe, memory, index, layout, 0, fds)?;
+    }
+    Ok(())
+}
+
+/// SET_MEM_TABLE: the whole memfd as one region.
+pub fn set_mem_table(fe: &mut Frontend, memory: &MemfdMemory) -> Result<(), VirtioUserError> {
     let region = memory.vhost_region()?;
     fe.set_mem_table(&[region]).map_err(step("SET_MEM_TABLE"))?;
-    let queues = [
-        (
-            RX_QUEUE,
-            rx,
-            [
-                "SET_VRING_NUM (RX)",
-                "SET_VRING_BASE (RX)",
-                "SET_VRING_ADDR (RX)",
-                "SET_VRING_KICK (RX)",
-                "SET_VRING_CALL (RX)",
-                "SET_VRING_ENABLE (RX)",
-            ],
-        ),
-        (
-            TX_QUEUE,
-            tx,
-            [
-                "SET_VRING_NUM (TX)",
-                "SET_VRING_BASE (TX)",
-                "SET_VRING_ADDR (TX)",
-                "SET_VRING_KICK (TX)",
-                "SET_VRING_CALL (TX)",
-                "SET_VRING_ENABLE (TX)",
-            ],
-        ),
-    ];
-    for (index, layout, steps) in queues {
-        let [num, base, addr, kick, call, enable] = steps;
-        fe.set_vring_num(index, layout.size).map_err(step(num))?;
-        fe.set_vring_base(index, 0).map_err(step(base))?;
-        let config = VringConfigData {
-            queue_max_size: layout.size,
-            queue_size: layout.size,
-            flags: 0,
-            desc_table_addr: memory.host_address(layout.desc)?,
-            used_ring_addr: memory.host_address(layout.used)?,
-            avail_ring_addr: memory.host_address(layout.avail)?,
-            log_addr: None,
-        };
-        fe.set_vring_addr(index, &config).map_err(step(addr))?;
-        fe.set_vring_kick(index, &fds.kick[index])
-            .map_err(step(kick))?;
-        fe.set_vring_call(index, &fds.call[index])
-            .map_err(step(call))?;
-        fe.set_vring_enable(index, true).map_err(step(enable))?;
-    }
+    Ok(())
+}
+
+/// Names of the requests of [`start_queue`], per queue index, for errors.
+const QUEUE_STEPS: [[&str; 6]; 2] = [
+    [
+        "SET_VRING_NUM (RX)",
+        "SET_VRING_BASE (RX)",
+        "SET_VRING_ADDR (RX)",
+        "SET_VRING_KICK (RX)",
+        "SET_VRING_CALL (RX)",
+        "SET_VRING_ENABLE (RX)",
+    ],
+    [
+        "SET_VRING_NUM (TX)",
+        "SET_VRING_BASE (TX)",
+        "SET_VRING_ADDR (TX)",
+        "SET_VRING_KICK (TX)",
+        "SET_VRING_CALL (TX)",
+        "SET_VRING_ENABLE (TX)",
+    ],
+];
+
+/// Starts queue `index` (RX or TX) at `base`: SET_VRING_NUM, SET_VRING_BASE(`base`),
+/// SET_VRING_ADDR (addresses in this process's mapping, as vhost-user wants), SET_VRING_KICK,
+/// SET_VRING_CALL, SET_VRING_ENABLE(1). `base` is 0 for a fresh ring, or what GET_VRING_BASE
+/// returned when the device stopped it: the device then goes on from that avail index, over the
+/// same ring memory and the same [`SplitRing`](super::SplitRing) state. The memory table must
+/// have been sent.
+pub fn start_queue(
+    fe: &mut Frontend,
+    memory: &MemfdMemory,
+    index: usize,
+    layout: RingLayout,
+    base: u16,
+    fds: &QueueEventFds,
+) -> Result<(), VirtioUserError> {
+    let (Some(steps), Some(kick_fd), Some(call_fd)) = (
+        QUEUE_STEPS.get(index),
+        fds.kick.get(index),
+        fds.call.get(index),
+    ) else {
+        return Err(VirtioUserError::BadQueueIndex(index));
+    };
+    let [num, base_step, addr, kick, call, enable] = *steps;
+    fe.set_vring_num(index, layout.size).map_err(step(num))?;
+    fe.set_vring_base(index, base).map_err(step(base_step))?;
+    let config = VringConfigData {
+        queue_max_size: layout.size,
+        queue_size: layout.size,
+        flags: 0,
+        desc_table_addr: memory.host_address(layout.desc)?,
+        used_ring_addr: memory.host_address(layout.used)?,
+        avail_ring_addr: memory.host_address(layout.avail)?,
+        log_addr: None,
+    };
+    fe.set_vring_addr(index, &config).map_err(step(addr))?;
+    fe.set_vring_kick(index, kick_fd).map_err(step(kick))?;
+    fe.set_vring_call(index, call_fd).map_err(step(call))?;
+    fe.set_vring_enable(index, true).map_err(step(enable))?;
     Ok(())
 }

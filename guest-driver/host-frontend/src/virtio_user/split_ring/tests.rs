@@ -402,3 +402,188 @@ fn need_event_matches_the_spec_formula_across_wrap() {
     assert!(need_event(u16::MAX, 1, u16::MAX - 1));
     assert!(!need_event(3, 1, u16::MAX - 1));
 }
+
+fn seg(id: u16, len: u32, writable: bool) -> ChainSegment {
+    ChainSegment {
+        id,
+        addr: buffer(id),
+        len,
+        writable,
+    }
+}
+
+/// Claims `n` ids and pushes them as one chain: the first `readable` device-readable, the rest
+/// device-writable, each `len` bytes. Returns the ids.
+fn offer_chain(ring: &mut SplitRing, n: usize, readable: usize, len: u32) -> Vec<u16> {
+    let ids: Vec<u16> = (0..n).map(|_| ring.claim().unwrap()).collect();
+    let chain: Vec<ChainSegment> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| seg(*id, len, i >= readable))
+        .collect();
+    ring.push_chain(&chain).unwrap();
+    ids
+}
+
+#[test]
+fn a_chain_reaches_the_device_linked_and_comes_back_by_its_head() {
+    let (mem, mut ring, mut q) = setup(true);
+    let ids = offer_chain(&mut ring, 3, 1, 50);
+    ring.publish().unwrap();
+    assert_eq!((ring.in_flight(), ring.avail_idx()), (1, 1));
+    assert_eq!(ring.free_count(), usize::from(SIZE) - 3);
+    let chain = q.pop_descriptor_chain(mem.as_ref()).unwrap();
+    let head = chain.head_index();
+    let descs: Vec<_> = chain
+        .map(|d| (d.addr().0, d.len(), d.is_write_only()))
+        .collect();
+    assert_eq!(head, ids[0]);
+    assert_eq!(
+        descs,
+        vec![
+            (buffer(ids[0]), 50, false),
+            (buffer(ids[1]), 50, true),
+            (buffer(ids[2]), 50, true)
+        ]
+    );
+    // The writable part is 100 bytes: all of it may be reported.
+    q.add_used(mem.as_ref(), head, 100).unwrap();
+    assert_eq!(
+        ring.pop_used().unwrap(),
+        Some(UsedBuffer {
+            id: ids[0],
+            len: 100
+        })
+    );
+    assert_eq!(ring.last_used(), 1);
+    // The head is the caller's; the tail went back to the free list.
+    assert_eq!(ring.free_count(), usize::from(SIZE) - 1);
+    for id in &ids[1..] {
+        assert!(matches!(ring.unclaim(*id), Err(RingError::Misuse { .. })));
+    }
+    ring.unclaim(ids[0]).unwrap();
+    assert_eq!(ring.free_count(), usize::from(SIZE));
+    assert_eq!(ring.in_flight(), 0);
+}
+
+/// A chain of three 50-byte descriptors, the first `readable` of them device-readable, that the
+/// device returns saying it wrote `used_len` bytes: its head, and what pop_used makes of it.
+fn return_chain(readable: usize, used_len: u32) -> (u16, Result<Option<UsedBuffer>, RingError>) {
+    let (mem, mut ring, mut q) = setup(false);
+    let ids = offer_chain(&mut ring, 3, readable, 50);
+    ring.publish().unwrap();
+    let head = q.pop_descriptor_chain(mem.as_ref()).unwrap().head_index();
+    q.add_used(mem.as_ref(), head, used_len).unwrap();
+    (ids[0], ring.pop_used())
+}
+
+#[test]
+fn a_chains_used_length_is_checked_against_its_writable_part_only() {
+    // One readable and two writable descriptors: 100 writable bytes.
+    let (id, got) = return_chain(1, 100);
+    assert_eq!(got, Ok(Some(UsedBuffer { id, len: 100 })));
+    let (id, got) = return_chain(1, 101);
+    assert_eq!(
+        got,
+        Err(RingError::UsedLenTooLarge {
+            queue: "TEST",
+            id,
+            len: 101,
+            buffer_len: 100
+        })
+    );
+    // All readable: the device wrote nothing, whatever length it reports.
+    let (id, got) = return_chain(3, 4000);
+    assert_eq!(got, Ok(Some(UsedBuffer { id, len: 4000 })));
+}
+
+#[test]
+fn the_tail_of_a_chain_is_not_a_valid_used_id() {
+    let (mem, mut ring, _q) = setup(true);
+    let ids = offer_chain(&mut ring, 2, 0, 64);
+    ring.publish().unwrap();
+    hostile_used(&mem, layout(SIZE), 1, u32::from(ids[1]), 0);
+    assert!(matches!(
+        ring.pop_used(),
+        Err(RingError::NotOutstanding { id, .. }) if id == u32::from(ids[1])
+    ));
+}
+
+#[test]
+fn chains_that_break_the_rules_are_refused_and_leave_their_ids_claimed() {
+    let (_mem, mut ring, _q) = setup(true);
+    let a = ring.claim().unwrap();
+    let b = ring.claim().unwrap();
+    let unclaimed = ring.free.last().copied().unwrap();
+    let too_long: Vec<ChainSegment> = (0..=SIZE).map(|_| seg(a, 1, false)).collect();
+    for chain in [
+        vec![],
+        vec![seg(a, 1, false), seg(a, 1, false)],
+        vec![seg(a, 1, false), seg(unclaimed, 1, false)],
+        vec![seg(a, 1, true), seg(b, 1, false)],
+        too_long,
+    ] {
+        assert!(
+            matches!(ring.push_chain(&chain), Err(RingError::Misuse { .. })),
+            "{chain:?}"
+        );
+        assert_eq!((ring.in_flight(), ring.avail_idx()), (0, 0));
+    }
+    ring.unclaim(a).unwrap();
+    ring.unclaim(b).unwrap();
+    assert_eq!(ring.free_count(), usize::from(SIZE));
+}
+
+#[test]
+fn single_buffers_and_chains_share_the_ring() {
+    let (mem, mut ring, mut q) = setup(true);
+    for round in 0..20 {
+        let single = offer(&mut ring, 64, true);
+        let chain = offer_chain(&mut ring, 3, 1, 64);
+        ring.publish().unwrap();
+        let mut heads = Vec::new();
+        while let Some(c) = q.pop_descriptor_chain(mem.as_ref()) {
+            heads.push(c.head_index());
+        }
+        assert_eq!(heads, vec![single, chain[0]], "round {round}");
+        for h in heads {
+            q.add_used(mem.as_ref(), h, 10).unwrap();
+            let used = ring.pop_used().unwrap().unwrap();
+            ring.unclaim(used.id).unwrap();
+        }
+        assert_eq!(ring.free_count(), usize::from(SIZE));
+    }
+}
+
+#[test]
+fn a_contiguous_layout_is_aligned_and_its_parts_do_not_overlap() {
+    let mem = memory();
+    for size in [1u16, 2, 8, 256, 1024] {
+        let l = RingLayout::contiguous(0x1_0000, size);
+        assert_eq!(l.desc, 0x1_0000);
+        assert_eq!(l.avail, l.desc + RingLayout::desc_bytes(size));
+        assert!(l.used >= l.avail + RingLayout::avail_bytes(size));
+        assert!(l.used - (l.avail + RingLayout::avail_bytes(size)) < 4);
+        SplitRing::new("TEST", mem.clone(), l, true).unwrap();
+        assert!(device(l, true).is_valid(mem.as_ref()));
+        assert_eq!(l.desc_addr(3), l.desc + 48);
+        assert_eq!(l.avail_idx_addr(), l.avail + 2);
+        assert_eq!(l.avail_entry_addr(1), l.avail + 6);
+        assert_eq!(l.used_idx_addr(), l.used + 2);
+        assert_eq!(l.used_elem_addr(1), l.used + 12);
+    }
+}
+
+#[test]
+fn a_descriptor_is_little_endian_in_table_order() {
+    let d = Descriptor {
+        addr: 0x0102_0304_0506_0708,
+        len: 0x090a_0b0c,
+        flags: 0x0d0e,
+        next: 0x0f10,
+    };
+    assert_eq!(
+        d.to_le_bytes(),
+        [8, 7, 6, 5, 4, 3, 2, 1, 0x0c, 0x0b, 0x0a, 0x09, 0x0e, 0x0d, 0x10, 0x0f]
+    );
+}

@@ -59,6 +59,7 @@ pub fn pair(features: u64, queue_size: u16, mem_mib: u64) -> (VirtioNet, TestDev
         features,
         mac: MAC,
         link_up: None,
+        protocol: vhost::vhost_user::VhostUserProtocolFeatures::empty(),
     };
     let net = VirtioNet::assemble(memory.clone(), negotiated, queue_size, fds, waiter).unwrap();
     let (rx, tx) = net.ring_layouts();

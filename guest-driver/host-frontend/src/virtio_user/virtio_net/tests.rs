@@ -295,6 +295,7 @@ fn bad_queue_sizes_are_refused() {
             features: BASE,
             mac: super::test_device::MAC,
             link_up: None,
+            protocol: vhost::vhost_user::VhostUserProtocolFeatures::empty(),
         };
         assert!(matches!(
             VirtioNet::assemble(memory, neg, size, fds, waiter),
