@@ -51,7 +51,7 @@ fn assert_quota_refused(
 ) {
     assert_eq!(refused(create).0, AgentFailure::UidChannelQuota);
     wait_until("the refusals counted", || {
-        h.status().refused_quota == refusals
+        h.status().refused.quota == refusals
     });
     assert_eq!(usage(h, A).channels, 2);
 }
@@ -91,7 +91,7 @@ fn the_uids_channel_quota_refuses_naming_the_limit_until_the_engine_acknowledged
         );
     }
     // The status is published after each turn of the agent's loop, so it may lag an answer.
-    wait_until("two refusals counted", || h.status().refused_quota == 2);
+    wait_until("two refusals counted", || h.status().refused.quota == 2);
     assert_eq!(usage(&h, A).channels, 2);
     // Another user has its own quota.
     let b = Raw::connect_as(&h, B).unwrap();
@@ -176,7 +176,7 @@ fn an_endpoint_reserved_for_another_uid_is_refused_and_root_may_claim_it() {
         detail.contains("reserved for uid 65533 (--endpoints-for-uid 65533=100-199)"),
         "{detail}"
     );
-    wait_until("the refusal counted", || h.status().refused_endpoint == 1);
+    wait_until("the refusal counted", || h.status().refused.endpoint == 1);
     b.try_create(1, 150).unwrap();
     // Outside the range: anyone.
     a.try_create(2, 200).unwrap();
