@@ -30,6 +30,17 @@ fn data_of(bytes: &[u8]) -> (MacAddr, DataFrame<'_>) {
     }
 }
 
+/// Fragments DMA-data message `id` of `payload` for `mtu` and pushes its first fragment only,
+/// which must leave it incomplete; returns all its fragments.
+fn start_message(r: &mut Reassembler, payload: &[u8], id: u32, mtu: usize) -> Vec<Vec<u8>> {
+    let mut m = message(payload, DataKind::DmaData);
+    m.message_id = id;
+    let frames = fragment(ENGINE, GUEST, &m, mtu).unwrap();
+    let (src, d) = data_of(&frames[0]);
+    assert_eq!(r.push(src, &d), PushOutcome::Incomplete, "message {id}");
+    frames
+}
+
 #[test]
 fn fragment_respects_the_mtu_and_the_limits() {
     let payload: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
@@ -84,12 +95,7 @@ fn reassembler_evicts_the_oldest_partial_message() {
     let payload = vec![9u8; 300];
     let mut firsts = Vec::new();
     for id in 0..3 {
-        let mut m = message(&payload, DataKind::DmaData);
-        m.message_id = id;
-        let frames = fragment(ENGINE, GUEST, &m, 200).unwrap();
-        let (src, d) = data_of(&frames[0]);
-        assert_eq!(r.push(src, &d), PushOutcome::Incomplete);
-        firsts.push(frames);
+        firsts.push(start_message(&mut r, &payload, id, 200));
     }
     assert_eq!(r.in_progress(), 2);
     assert_eq!(r.stats().evicted, 1);
@@ -113,11 +119,7 @@ fn reassembler_respects_its_byte_budget() {
     let mut r = Reassembler::new(limits);
     let payload = vec![1u8; 4000];
     for id in 0..10 {
-        let mut m = message(&payload, DataKind::DmaData);
-        m.message_id = id;
-        let frames = fragment(ENGINE, GUEST, &m, 1500).unwrap();
-        let (src, d) = data_of(&frames[0]);
-        assert_eq!(r.push(src, &d), PushOutcome::Incomplete);
+        start_message(&mut r, &payload, id, 1500);
         assert!(r.buffered_bytes() <= limits.max_bytes);
     }
     assert_eq!(r.in_progress(), 2);

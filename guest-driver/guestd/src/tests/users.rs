@@ -117,12 +117,7 @@ fn the_uids_hugepage_quota_counts_memory_passed_but_not_yet_registered() {
         return;
     };
     // A Region not yet answered with Mapped already spends the quota.
-    a.send(Request::Create {
-        token: 1,
-        endpoint: 1,
-        ring_size: 256,
-    });
-    assert!(matches!(a.recv().0, Response::Region { token: 1, .. }));
+    a.region(1, 1);
     wait_until("the region charged", || usage(&h, A).memory == HUGEPAGE);
     let (why, detail) = refused(a.try_create(2, 2));
     assert_eq!(why, AgentFailure::UidMemoryQuota);
@@ -222,12 +217,7 @@ fn two_uids_cannot_hold_one_endpoint_even_before_the_engine_hears_of_it() {
     let Some((h, a, b)) = users_a_and_b("uid-race", UserPolicy::default()) else {
         return;
     };
-    a.send(Request::Create {
-        token: 1,
-        endpoint: 9,
-        ring_size: 256,
-    });
-    assert!(matches!(a.recv().0, Response::Region { token: 1, .. }));
+    a.region(1, 9);
     // A holds endpoint 9 from the moment its memory was passed.
     assert_eq!(refused(b.try_create(1, 9)).0, AgentFailure::EndpointOwned);
     // Given back unregistered: free for B.
