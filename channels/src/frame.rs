@@ -39,7 +39,7 @@ use wire::{off, svnic_header, Reader};
 
 use crate::error::DecodeError;
 use crate::message::{FLAG_COMPLETE, FLAG_WANT_COMPLETION, INLINE_CAPACITY};
-use crate::status::FailureReason;
+use crate::status::{wire_enum, FailureReason};
 use crate::types::{ChannelAddr, ChannelId, EndpointId, MacAddr};
 
 /// The svnic EtherType (IEEE 802 local experimental 1).
@@ -74,45 +74,23 @@ pub const DEFAULT_MTU: usize = 1500;
 /// Smallest MTU [`fragment`] accepts (the IPv4 minimum, RFC 791): 32 payload bytes per fragment.
 pub const MIN_MTU: usize = 68;
 
-/// The frame type byte.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-#[repr(u8)]
-pub enum FrameType {
-    /// Guest -> engine: create or destroy a channel.
-    ControlRequest = 1,
-    /// Engine -> guest: answer to a control request.
-    ControlResponse = 2,
-    /// Engine -> engine over an uplink: one fragment of a message.
-    Data = 3,
-    /// Guest -> engine: new work in a TX or post ring while the serving worker sleeps.
-    Doorbell = 4,
-    /// Engine -> guest: new messages in an RX ring while the guest sleeps.
-    Wake = 5,
+wire_enum! {
+    /// The frame type byte.
+    FrameType: u8 as "frame type" {
+        /// Guest -> engine: create or destroy a channel.
+        ControlRequest = 1 => "control request",
+        /// Engine -> guest: answer to a control request.
+        ControlResponse = 2 => "control response",
+        /// Engine -> engine over an uplink: one fragment of a message.
+        Data = 3 => "data",
+        /// Guest -> engine: new work in a TX or post ring while the serving worker sleeps.
+        Doorbell = 4 => "doorbell",
+        /// Engine -> guest: new messages in an RX ring while the guest sleeps.
+        Wake = 5 => "wake",
+    }
 }
 
 impl FrameType {
-    /// The on-the-wire code.
-    pub fn code(self) -> u8 {
-        self as u8
-    }
-
-    /// Decodes an on-the-wire code.
-    pub fn from_code(code: u8) -> Result<Self, DecodeError> {
-        Ok(match code {
-            1 => FrameType::ControlRequest,
-            2 => FrameType::ControlResponse,
-            3 => FrameType::Data,
-            4 => FrameType::Doorbell,
-            5 => FrameType::Wake,
-            other => {
-                return Err(DecodeError::UnknownCode {
-                    what: "frame type",
-                    code: other.into(),
-                })
-            }
-        })
-    }
-
     /// Length of the fixed part of the body.
     pub fn body_len(self) -> usize {
         match self {
@@ -270,34 +248,17 @@ pub enum ControlStatus {
     Destroyed,
 }
 
-/// The kind of message a data frame carries.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-#[repr(u8)]
-pub enum DataKind {
-    /// User-data: at most [`INLINE_CAPACITY`] bytes, delivered as an RX user-data message.
-    UserData = 1,
-    /// DMA-data: at most [`MAX_DATA_LEN`] bytes, delivered into a posted receive buffer.
-    DmaData = 2,
+wire_enum! {
+    /// The kind of message a data frame carries.
+    DataKind: u8 as "data message kind" {
+        /// User-data: at most [`INLINE_CAPACITY`] bytes, delivered as an RX user-data message.
+        UserData = 1 => "user-data",
+        /// DMA-data: at most [`MAX_DATA_LEN`] bytes, delivered into a posted receive buffer.
+        DmaData = 2 => "DMA-data",
+    }
 }
 
 impl DataKind {
-    /// The on-the-wire code.
-    pub fn code(self) -> u8 {
-        self as u8
-    }
-
-    /// Decodes an on-the-wire code.
-    pub fn from_code(code: u8) -> Result<Self, DecodeError> {
-        match code {
-            1 => Ok(DataKind::UserData),
-            2 => Ok(DataKind::DmaData),
-            other => Err(DecodeError::UnknownCode {
-                what: "data message kind",
-                code: other.into(),
-            }),
-        }
-    }
-
     /// Largest message of this kind.
     pub fn max_len(self) -> u32 {
         match self {
