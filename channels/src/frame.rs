@@ -304,13 +304,9 @@ impl DataKind {
     }
 }
 
-/// One fragment of a message sent from a channel of one engine to a channel of another.
-///
-/// The fragment's bytes are `payload`, at `frag_offset` within the message of `total_len` bytes.
-/// Fragments of one message share (source MAC, `src_endpoint`, `message_id`) and every other
-/// header field.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct DataFrame<'a> {
+/// What the sender says about a message: the same in every data frame of it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct MessageHeader {
     /// Sending channel's endpoint (its MAC is the frame's source MAC).
     pub src_endpoint: EndpointId,
     /// Destination endpoint (its MAC is the frame's destination MAC).
@@ -319,14 +315,28 @@ pub struct DataFrame<'a> {
     pub kind: DataKind,
     /// The sender's message flags (see [`DataKind::allowed_flags`]).
     pub msg_flags: u8,
-    /// Message id, unique per sending engine and source endpoint while fragments are in flight.
+    /// Message id: the sending engine numbers its messages per source endpoint, unique while
+    /// fragments are in flight. Start the counter at a value that differs from one engine start
+    /// to the next (random or time-based), so that a receiver's duplicate filter does not mistake
+    /// a restarted engine's first messages for duplicates of the old ones.
     pub message_id: u32,
+    /// The sender's cookie.
+    pub cookie: u64,
+}
+
+/// One fragment of a message sent from a channel of one engine to a channel of another.
+///
+/// The fragment's bytes are `payload`, at `frag_offset` within the message of `total_len` bytes.
+/// Fragments of one message share (source MAC, `src_endpoint`, `message_id`) and every other
+/// header field.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct DataFrame<'a> {
+    /// The message's header.
+    pub header: MessageHeader,
     /// Length of the whole message.
     pub total_len: u32,
     /// Offset of this fragment in the message.
     pub frag_offset: u32,
-    /// The sender's cookie.
-    pub cookie: u64,
     /// This fragment's bytes (`frag_len` on the wire is its length).
     pub payload: &'a [u8],
 }
@@ -335,7 +345,8 @@ impl DataFrame<'_> {
     /// Checks what the decoder checks: kind flags and size limits, `frag_len <= u16::MAX`,
     /// `frag_offset + frag_len <= total_len`, and an empty fragment only for an empty message.
     pub fn validate(&self) -> Result<(), DecodeError> {
-        self.kind.check(self.msg_flags, self.total_len.into())?;
+        let h = &self.header;
+        h.kind.check(h.msg_flags, self.total_len.into())?;
         let frag_len = self.payload.len();
         if frag_len > usize::from(u16::MAX) {
             return Err(DecodeError::BadLength {
