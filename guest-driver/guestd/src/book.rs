@@ -17,7 +17,6 @@ use super::records::{ChannelEvents, Charge, Creating, Destroying, Held, Live, Pr
 use super::server::Agent;
 use super::AgentEvent;
 use svnic_client::request_table::{Action, Outcome, RegionLease};
-use svnic_client::vm::event::Event;
 use svnic_client::vm::protocol::{request_token, AgentFailure, Request, Response};
 
 impl Agent {
@@ -133,9 +132,9 @@ impl Agent {
                 return self.fail(app, token, AgentFailure::NoMemory, e.to_string());
             }
         };
-        let events = match (Event::new(), Event::new()) {
-            (Ok(wake), Ok(doorbell)) => ChannelEvents { wake, doorbell },
-            (Err(e), _) | (_, Err(e)) => {
+        let events = match ChannelEvents::new() {
+            Ok(events) => events,
+            Err(e) => {
                 let why = format!("eventfd: {e}");
                 return self.fail(app, token, AgentFailure::NoMemory, why);
             }

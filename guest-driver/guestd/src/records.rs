@@ -2,6 +2,8 @@
 //! every stage (prepared, held, creating, live, destroying). Data only; what happens to them is
 //! in [`super::book`].
 
+use std::io;
+
 use svnic_channels::{ChannelAddr, ChannelId};
 use svnic_client::vm::event::Event;
 use svnic_client::vm::seqpacket::SeqPacket;
@@ -32,6 +34,16 @@ pub(crate) struct Charge {
 pub(crate) struct ChannelEvents {
     pub(crate) wake: Event,
     pub(crate) doorbell: Event,
+}
+
+impl ChannelEvents {
+    /// Two new eventfds.
+    pub(crate) fn new() -> io::Result<Self> {
+        Ok(ChannelEvents {
+            wake: Event::new()?,
+            doorbell: Event::new()?,
+        })
+    }
 }
 
 /// Memory passed to an application that has not said `Mapped` yet.
