@@ -20,7 +20,6 @@ pub const ENDPOINT: u32 = 1;
 pub const TEST_ETHERTYPE: u16 = 0x88b6;
 
 /// Two host-process guests with a channel each.
-#[derive(Debug)]
 pub struct PolitePair {
     /// Guest A.
     pub a: HostGuest,
@@ -31,6 +30,16 @@ pub struct PolitePair {
     /// B's channel.
     pub cb: Channel,
     rounds: u64,
+}
+
+impl std::fmt::Debug for PolitePair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolitePair")
+            .field("a", &self.a.mac())
+            .field("b", &self.b.mac())
+            .field("rounds", &self.rounds)
+            .finish()
+    }
 }
 
 impl PolitePair {
