@@ -796,9 +796,9 @@ fn print_dma_timing(
 /// Passes that found work and messages taken, over all of `e`'s workers.
 #[cfg(feature = "dma-timing")]
 fn passes_and_messages(e: &Engine) -> (u64, u64) {
-    e.worker_stats()
-        .iter()
-        .fold((0, 0), |(p, m), w| (p + w.passes, m + w.messages))
+    e.worker_stats().iter().fold((0, 0), |(p, m), w| {
+        (p + w.counts.passes, m + w.counts.messages)
+    })
 }
 
 /// Writes `paired.json` for the `engine_vs_memcpy` row `id` into criterion's directory for it:

@@ -293,8 +293,8 @@ impl AdminSource for DaemonView {
                             socket: g.socket.display().to_string(),
                             connected: s.is_some_and(|s| s.link_up),
                             channels: self.engine.control_plane().live_channels_of(g.id).len(),
-                            frames_in: s.map_or(0, |s| s.tx_frames),
-                            frames_out: s.map_or(0, |s| s.rx_frames),
+                            frames_in: s.map_or(0, |s| s.traffic.tx_frames),
+                            frames_out: s.map_or(0, |s| s.traffic.rx_frames),
                             drops: s.map_or(0, |s| s.drops.total()),
                             refused_peers: g.refused_peers.load(Relaxed),
                         }
@@ -344,11 +344,11 @@ impl AdminSource for DaemonView {
                         .map(|w| WorkerView {
                             worker: w.worker,
                             cpu: w.cpu,
-                            channels: w.channels,
-                            messages: w.messages,
-                            sleeps: w.sleeps,
-                            doorbells: w.doorbells,
-                            faults: w.faults,
+                            channels: w.counts.channels,
+                            messages: w.counts.messages,
+                            sleeps: w.counts.sleeps,
+                            doorbells: w.counts.doorbells,
+                            faults: w.counts.faults,
                         })
                         .collect(),
                     control_requests: c.requests.load(Relaxed),

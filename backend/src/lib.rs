@@ -10,6 +10,7 @@
 
 pub mod admin;
 pub mod config;
+mod counter_set;
 pub mod daemon;
 pub mod engine;
 pub mod frame_handler;

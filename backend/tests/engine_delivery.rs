@@ -527,9 +527,9 @@ fn wait_worker_asleep(engine: &Engine, g: &FakeGuest, region: u64) {
         if !asleep() {
             return false;
         }
-        let sleeps = engine.worker_stats()[0].sleeps;
+        let sleeps = engine.worker_stats()[0].counts.sleeps;
         std::thread::sleep(Duration::from_millis(20));
-        asleep() && engine.worker_stats()[0].sleeps == sleeps
+        asleep() && engine.worker_stats()[0].counts.sleeps == sleeps
     });
 }
 

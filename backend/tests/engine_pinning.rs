@@ -27,7 +27,9 @@ fn pinned_workers_stay_within_the_callers_cpus() {
         let cpus: Vec<Option<u32>> = engine.worker_stats().iter().map(|w| w.cpu).collect();
         // Once a worker has slept it has long pinned itself (first thing it does): then read
         // each worker thread's own mask from /proc.
-        wait_until(T, || engine.worker_stats().iter().all(|w| w.sleeps > 0));
+        wait_until(T, || {
+            engine.worker_stats().iter().all(|w| w.counts.sleeps > 0)
+        });
         let inside = worker_masks();
         drop(engine);
         (cpus, inside)

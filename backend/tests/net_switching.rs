@@ -47,9 +47,9 @@ fn two_ports_exchange_unicast_both_ways_intact() {
 
     let sa_stats = net.switch.port(GuestId(1)).unwrap().stats();
     let sb_stats = net.switch.port(GuestId(2)).unwrap().stats();
-    assert_eq!(sa_stats.tx_frames, 1 + burst.len() as u64);
-    assert_eq!(sb_stats.rx_frames, 1 + burst.len() as u64);
-    assert_eq!(sa_stats.rx_frames, 2);
+    assert_eq!(sa_stats.traffic.tx_frames, 1 + burst.len() as u64);
+    assert_eq!(sb_stats.traffic.rx_frames, 1 + burst.len() as u64);
+    assert_eq!(sa_stats.traffic.rx_frames, 2);
     assert_eq!(sa_stats.drops.total() + sb_stats.drops.total(), 0);
     assert!(sa_stats.link_up && sb_stats.link_up);
 }
@@ -94,7 +94,7 @@ fn spoofed_source_mac_is_dropped_and_counted() {
     assert!(b.recv(QUIET).is_none());
     let stats = net.switch.port(GuestId(1)).unwrap().stats();
     assert_eq!(stats.drops.spoofed, 2);
-    assert_eq!(stats.tx_frames, 2);
+    assert_eq!(stats.traffic.tx_frames, 2);
 }
 
 #[test]
@@ -134,7 +134,15 @@ fn svnic_frames_reach_the_engine_with_the_right_port_and_are_not_switched() {
         ]
     );
     assert!(b.recv(QUIET).is_none(), "svnic frames are never switched");
-    assert_eq!(net.switch.port(GuestId(1)).unwrap().stats().to_engine, 3);
+    assert_eq!(
+        net.switch
+            .port(GuestId(1))
+            .unwrap()
+            .stats()
+            .traffic
+            .to_engine,
+        3
+    );
 }
 
 #[test]
@@ -168,7 +176,7 @@ fn inject_reaches_the_guest() {
     wait_for_stats(&net, 1, "5 frames waiting", |s| s.engine_queued == 5);
     assert_eq!(g.recv_all(QUIET), many);
     let stats = net.switch.port(GuestId(1)).unwrap().stats();
-    assert_eq!(stats.rx_frames, many.len() as u64 + 1);
+    assert_eq!(stats.traffic.rx_frames, many.len() as u64 + 1);
     assert_eq!((stats.rx_queued, stats.engine_queued), (0, 0));
 }
 
@@ -208,7 +216,9 @@ fn another_guests_broadcast_flood_cannot_drop_or_delay_engine_frames() {
     };
     flood(&mut b, usize::from(RX_BUFFERS) + capacity + 16);
     let full = wait_for_stats(&net, 1, "A's buffers and RX queue full", |s| {
-        s.rx_frames == u64::from(RX_BUFFERS) && s.rx_queued == capacity && s.drops.rx_queue_full > 0
+        s.traffic.rx_frames == u64::from(RX_BUFFERS)
+            && s.rx_queued == capacity
+            && s.drops.rx_queue_full > 0
     });
 
     // The engine answers A and wakes one of its channels: both are queued despite the flood,
@@ -235,7 +245,11 @@ fn another_guests_broadcast_flood_cannot_drop_or_delay_engine_frames() {
         s.drops.rx_queue_full >= full.drops.rx_queue_full + 50
     });
     assert_eq!(
-        (s.engine_queued, s.engine_frames, s.engine_wakes_coalesced),
+        (
+            s.engine_queued,
+            s.traffic.engine_frames,
+            s.traffic.engine_wakes_coalesced
+        ),
         (2, 2, 1)
     );
     assert_eq!(s.drops.engine_queue_full, 0);

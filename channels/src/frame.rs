@@ -39,7 +39,7 @@ use wire::{off, svnic_header, Reader};
 
 use crate::error::DecodeError;
 use crate::message::{FLAG_COMPLETE, FLAG_WANT_COMPLETION, INLINE_CAPACITY};
-use crate::status::FailureReason;
+use crate::status::{wire_enum, FailureReason};
 use crate::types::{ChannelAddr, ChannelId, EndpointId, MacAddr};
 
 /// The svnic EtherType (IEEE 802 local experimental 1).
@@ -74,45 +74,23 @@ pub const DEFAULT_MTU: usize = 1500;
 /// Smallest MTU [`fragment`] accepts (the IPv4 minimum, RFC 791): 32 payload bytes per fragment.
 pub const MIN_MTU: usize = 68;
 
-/// The frame type byte.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-#[repr(u8)]
-pub enum FrameType {
-    /// Guest -> engine: create or destroy a channel.
-    ControlRequest = 1,
-    /// Engine -> guest: answer to a control request.
-    ControlResponse = 2,
-    /// Engine -> engine over an uplink: one fragment of a message.
-    Data = 3,
-    /// Guest -> engine: new work in a TX or post ring while the serving worker sleeps.
-    Doorbell = 4,
-    /// Engine -> guest: new messages in an RX ring while the guest sleeps.
-    Wake = 5,
+wire_enum! {
+    /// The frame type byte.
+    FrameType: u8 as "frame type" {
+        /// Guest -> engine: create or destroy a channel.
+        ControlRequest = 1 => "control request",
+        /// Engine -> guest: answer to a control request.
+        ControlResponse = 2 => "control response",
+        /// Engine -> engine over an uplink: one fragment of a message.
+        Data = 3 => "data",
+        /// Guest -> engine: new work in a TX or post ring while the serving worker sleeps.
+        Doorbell = 4 => "doorbell",
+        /// Engine -> guest: new messages in an RX ring while the guest sleeps.
+        Wake = 5 => "wake",
+    }
 }
 
 impl FrameType {
-    /// The on-the-wire code.
-    pub fn code(self) -> u8 {
-        self as u8
-    }
-
-    /// Decodes an on-the-wire code.
-    pub fn from_code(code: u8) -> Result<Self, DecodeError> {
-        Ok(match code {
-            1 => FrameType::ControlRequest,
-            2 => FrameType::ControlResponse,
-            3 => FrameType::Data,
-            4 => FrameType::Doorbell,
-            5 => FrameType::Wake,
-            other => {
-                return Err(DecodeError::UnknownCode {
-                    what: "frame type",
-                    code: other.into(),
-                })
-            }
-        })
-    }
-
     /// Length of the fixed part of the body.
     pub fn body_len(self) -> usize {
         match self {
@@ -270,34 +248,17 @@ pub enum ControlStatus {
     Destroyed,
 }
 
-/// The kind of message a data frame carries.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-#[repr(u8)]
-pub enum DataKind {
-    /// User-data: at most [`INLINE_CAPACITY`] bytes, delivered as an RX user-data message.
-    UserData = 1,
-    /// DMA-data: at most [`MAX_DATA_LEN`] bytes, delivered into a posted receive buffer.
-    DmaData = 2,
+wire_enum! {
+    /// The kind of message a data frame carries.
+    DataKind: u8 as "data message kind" {
+        /// User-data: at most [`INLINE_CAPACITY`] bytes, delivered as an RX user-data message.
+        UserData = 1 => "user-data",
+        /// DMA-data: at most [`MAX_DATA_LEN`] bytes, delivered into a posted receive buffer.
+        DmaData = 2 => "DMA-data",
+    }
 }
 
 impl DataKind {
-    /// The on-the-wire code.
-    pub fn code(self) -> u8 {
-        self as u8
-    }
-
-    /// Decodes an on-the-wire code.
-    pub fn from_code(code: u8) -> Result<Self, DecodeError> {
-        match code {
-            1 => Ok(DataKind::UserData),
-            2 => Ok(DataKind::DmaData),
-            other => Err(DecodeError::UnknownCode {
-                what: "data message kind",
-                code: other.into(),
-            }),
-        }
-    }
-
     /// Largest message of this kind.
     pub fn max_len(self) -> u32 {
         match self {
@@ -343,13 +304,9 @@ impl DataKind {
     }
 }
 
-/// One fragment of a message sent from a channel of one engine to a channel of another.
-///
-/// The fragment's bytes are `payload`, at `frag_offset` within the message of `total_len` bytes.
-/// Fragments of one message share (source MAC, `src_endpoint`, `message_id`) and every other
-/// header field.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct DataFrame<'a> {
+/// What the sender says about a message: the same in every data frame of it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct MessageHeader {
     /// Sending channel's endpoint (its MAC is the frame's source MAC).
     pub src_endpoint: EndpointId,
     /// Destination endpoint (its MAC is the frame's destination MAC).
@@ -358,14 +315,28 @@ pub struct DataFrame<'a> {
     pub kind: DataKind,
     /// The sender's message flags (see [`DataKind::allowed_flags`]).
     pub msg_flags: u8,
-    /// Message id, unique per sending engine and source endpoint while fragments are in flight.
+    /// Message id: the sending engine numbers its messages per source endpoint, unique while
+    /// fragments are in flight. Start the counter at a value that differs from one engine start
+    /// to the next (random or time-based), so that a receiver's duplicate filter does not mistake
+    /// a restarted engine's first messages for duplicates of the old ones.
     pub message_id: u32,
+    /// The sender's cookie.
+    pub cookie: u64,
+}
+
+/// One fragment of a message sent from a channel of one engine to a channel of another.
+///
+/// The fragment's bytes are `payload`, at `frag_offset` within the message of `total_len` bytes.
+/// Fragments of one message share (source MAC, `src_endpoint`, `message_id`) and every other
+/// header field.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct DataFrame<'a> {
+    /// The message's header.
+    pub header: MessageHeader,
     /// Length of the whole message.
     pub total_len: u32,
     /// Offset of this fragment in the message.
     pub frag_offset: u32,
-    /// The sender's cookie.
-    pub cookie: u64,
     /// This fragment's bytes (`frag_len` on the wire is its length).
     pub payload: &'a [u8],
 }
@@ -374,7 +345,8 @@ impl DataFrame<'_> {
     /// Checks what the decoder checks: kind flags and size limits, `frag_len <= u16::MAX`,
     /// `frag_offset + frag_len <= total_len`, and an empty fragment only for an empty message.
     pub fn validate(&self) -> Result<(), DecodeError> {
-        self.kind.check(self.msg_flags, self.total_len.into())?;
+        let h = &self.header;
+        h.kind.check(h.msg_flags, self.total_len.into())?;
         let frag_len = self.payload.len();
         if frag_len > usize::from(u16::MAX) {
             return Err(DecodeError::BadLength {

@@ -6,8 +6,13 @@
 
 use crate::error::DecodeError;
 
+/// A fieldless enum with a fixed on-the-wire code per variant (`code`, `from_code`), the list
+/// of its values (`ALL`) and a short description per value (`describe`, `Display`). An unknown
+/// code decodes to [`DecodeError::UnknownCode`] naming the enum, or the text after `as`.
 macro_rules! wire_enum {
-    ($(#[$m:meta])* $name:ident : $repr:ty { $($(#[$vm:meta])* $variant:ident = $val:expr => $text:expr,)* }) => {
+    (@what $name:ident) => { stringify!($name) };
+    (@what $name:ident $what:literal) => { $what };
+    ($(#[$m:meta])* $name:ident : $repr:ty $(as $what:literal)? { $($(#[$vm:meta])* $variant:ident = $val:expr => $text:expr,)* }) => {
         $(#[$m])*
         #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
         #[repr($repr)]
@@ -28,7 +33,10 @@ macro_rules! wire_enum {
             pub fn from_code(code: $repr) -> Result<Self, DecodeError> {
                 match code {
                     $($val => Ok($name::$variant),)*
-                    other => Err(DecodeError::UnknownCode { what: stringify!($name), code: other as u64 }),
+                    other => Err(DecodeError::UnknownCode {
+                        what: wire_enum!(@what $name $($what)?),
+                        code: other as u64,
+                    }),
                 }
             }
 
@@ -47,6 +55,8 @@ macro_rules! wire_enum {
         }
     };
 }
+
+pub(crate) use wire_enum;
 
 wire_enum! {
     /// Status of a completion message (engine -> sender), echoed with the sender's cookie.

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use svnic_channels::frame::{
     fragment, ControlOp, ControlRequest, ControlResponse, ControlStatus, CreateRequest, DataKind,
-    DataMessage, Frame, FrameBody, DEFAULT_MTU, MIN_MTU,
+    DataMessage, Frame, FrameBody, MessageHeader, DEFAULT_MTU, MIN_MTU,
 };
 use svnic_channels::message::{FLAG_COMPLETE, FLAG_WANT_COMPLETION};
 use svnic_channels::{
@@ -169,12 +169,14 @@ fn control_frames() -> Vec<(&'static str, Frame<'static>)> {
 
 fn message_to_send(payload: &[u8], id: u32, kind: DataKind) -> DataMessage<'_> {
     DataMessage {
-        src_endpoint: 7,
-        dst_endpoint: 9,
-        kind,
-        msg_flags: 0,
-        message_id: id,
-        cookie: 0x5eed_0000 + u64::from(id),
+        header: MessageHeader {
+            src_endpoint: 7,
+            dst_endpoint: 9,
+            kind,
+            msg_flags: 0,
+            message_id: id,
+            cookie: 0x5eed_0000 + u64::from(id),
+        },
         payload,
     }
 }

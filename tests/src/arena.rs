@@ -51,21 +51,13 @@ impl Default for Bounds {
 }
 
 /// A daemon, its polite pair, and the sockets of the others.
+#[derive(Debug)]
 pub struct Arena {
     /// The witnesses (dropped first).
     pub pair: PolitePair,
     /// The daemon.
     pub svnic: Svnic,
     dir: ScratchDir,
-}
-
-impl std::fmt::Debug for Arena {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Arena")
-            .field("dir", &self.dir.path())
-            .field("pid", &self.svnic.pid())
-            .finish()
-    }
 }
 
 /// The value, or a panic with the error.

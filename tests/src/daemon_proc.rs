@@ -482,22 +482,22 @@ impl Svnic {
         }
     }
 
-    /// Polls [`Svnic::guests`] until `done` holds or `secs` pass; the last answer.
-    pub fn wait_guests(
+    /// Asks `query` (e.g. [`Svnic::guests`], [`Svnic::channels`]) every 100 ms until `done`
+    /// holds of its answer or `secs` pass; the last answer.
+    pub fn wait_for<T>(
         &self,
         secs: u64,
-        done: impl Fn(&[GuestView]) -> bool,
-    ) -> Result<Vec<GuestView>, String> {
-        poll(secs, || self.guests(), done)
-    }
-
-    /// Polls [`Svnic::channels`] until `done` holds or `secs` pass; the last answer.
-    pub fn wait_channels(
-        &self,
-        secs: u64,
-        done: impl Fn(&[ChannelView]) -> bool,
-    ) -> Result<Vec<ChannelView>, String> {
-        poll(secs, || self.channels(), done)
+        query: impl Fn(&Self) -> Result<Vec<T>, String>,
+        done: impl Fn(&[T]) -> bool,
+    ) -> Result<Vec<T>, String> {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let answer = query(self)?;
+            if done(&answer) || Instant::now() > deadline {
+                return Ok(answer);
+            }
+            sleep(Duration::from_millis(100));
+        }
     }
 
     /// `svnic ctl <command> --json`, parsed.
@@ -599,20 +599,4 @@ pub fn proc_cpu_time(pid: libc::pid_t) -> Result<Duration, String> {
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     let hz = u64::try_from(hz).ok().filter(|&h| h > 0).unwrap_or(100);
     Ok(Duration::from_millis((utime + stime) * 1000 / hz))
-}
-
-/// Asks `query` every 100 ms until `done` holds of its answer or `secs` pass; the last answer.
-fn poll<T>(
-    secs: u64,
-    query: impl Fn() -> Result<Vec<T>, String>,
-    done: impl Fn(&[T]) -> bool,
-) -> Result<Vec<T>, String> {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        let answer = query()?;
-        if done(&answer) || Instant::now() > deadline {
-            return Ok(answer);
-        }
-        sleep(Duration::from_millis(100));
-    }
 }

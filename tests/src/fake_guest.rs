@@ -14,7 +14,8 @@ use svnic_client::Completions;
 use svnic_backend::{Engine, EngineConfig, GuestWaker};
 use svnic_channels::layout::DEFAULT_REGION_LEN;
 use svnic_channels::{
-    ChannelAddr, ChannelId, DataRef, FailureReason, MacAddr, Message, SharedRegion,
+    ChannelAddr, ChannelId, CompletionStatus, DataRef, FailureReason, MacAddr, Message,
+    SharedRegion,
 };
 use svnic_client::{Channel, Doorbell, Waiter};
 use svnic_control_plane::{CreateRequest, GuestId, GuestPolicy};
@@ -321,5 +322,18 @@ pub fn send_user_blocking(ch: &mut Channel, dest: ChannelAddr, cookie: u64, data
         ch.flush().unwrap();
         assert!(Instant::now() < deadline, "TX ring stayed full");
         std::thread::yield_now();
+    }
+}
+
+/// Asserts that every message of `msgs` is a completion with one of the `allowed` statuses.
+pub fn assert_completions_among(msgs: &[Message], allowed: &[CompletionStatus]) {
+    for m in msgs {
+        let Message::Completion(c) = m else {
+            panic!("not a completion: {m:?}")
+        };
+        assert!(
+            allowed.contains(&c.status),
+            "{c:?}: expected one of {allowed:?}"
+        );
     }
 }

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use svnic_backend::admin::ChannelView;
+use svnic_tests::daemon_proc::Svnic;
 use svnic_tests::ensure;
 use svnic_tests::vm::{find_line, or_skip, repo_root, GuestSetup, Image, TwoGuests};
 
@@ -165,7 +166,9 @@ fn bypass_channels_between_two_qemu_guests() {
     let live = |c: &&ChannelView| c.state == "Success" || c.state == "Pending";
     let after_b = vms
         .svnic
-        .wait_channels(20, |chs| !channels_of(chs, "vm2").iter().any(live))
+        .wait_for(20, Svnic::channels, |chs| {
+            !channels_of(chs, "vm2").iter().any(live)
+        })
         .unwrap_or_else(|e| panic!("{e}"));
     let b_channels = channels_of(&after_b, "vm2");
     ensure!(

@@ -8,6 +8,7 @@
 use std::time::{Duration, Instant};
 
 use svnic_backend::admin::GuestView;
+use svnic_tests::daemon_proc::Svnic;
 use svnic_tests::ensure;
 use svnic_tests::vm::{find_line, or_skip, GuestSetup, Image, TwoGuests};
 
@@ -127,7 +128,9 @@ fn two_qemu_guests_ping_and_tcp_echo_through_svnic() {
     // each guest kernel counted (the kernels may send more after printing their counters).
     let after = vms
         .svnic
-        .wait_guests(10, |guests| guests.iter().all(|g| !g.connected))
+        .wait_for(10, Svnic::guests, |guests| {
+            guests.iter().all(|g| !g.connected)
+        })
         .unwrap_or_else(|e| panic!("{e}"));
     for (name, serial) in [("vm1", &a_serial), ("vm2", &b_serial)] {
         let g = guest(&after, name);

@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use svnic_channels::CompletionStatus;
 
+use crate::counter_set::counter_set;
+
 const N_STATUS: usize = 16;
 
 /// Counters of one channel (atomics: the serving worker and delivering workers update them).
@@ -154,15 +156,24 @@ impl ChannelCounters {
     }
 }
 
-/// Counters of one worker (written by its thread only).
-#[derive(Debug, Default)]
-pub struct WorkerCounters {
-    pub(crate) passes: AtomicU64,
-    pub(crate) messages: AtomicU64,
-    pub(crate) sleeps: AtomicU64,
-    pub(crate) doorbells: AtomicU64,
-    pub(crate) faults: AtomicU64,
-    pub(crate) channels: AtomicU64,
+counter_set! {
+    /// Counters of one worker (written by its thread only).
+    pub struct WorkerCounters;
+    /// A worker's counts (see [`WorkerStats`]).
+    pub struct WorkerCounts {
+        /// Passes over its channels that found work.
+        passes,
+        /// TX messages processed.
+        messages,
+        /// Times it advertised sleeping and blocked.
+        sleeps,
+        /// Doorbells received.
+        doorbells,
+        /// Channels it faulted.
+        faults,
+        /// Channels it serves now.
+        channels,
+    }
 }
 
 /// A snapshot of a worker's counters.
@@ -172,18 +183,8 @@ pub struct WorkerStats {
     pub worker: usize,
     /// Host CPU it is pinned to.
     pub cpu: Option<u32>,
-    /// Passes over its channels that found work.
-    pub passes: u64,
-    /// TX messages processed.
-    pub messages: u64,
-    /// Times it advertised sleeping and blocked.
-    pub sleeps: u64,
-    /// Doorbells received.
-    pub doorbells: u64,
-    /// Channels it faulted.
-    pub faults: u64,
-    /// Channels it serves now.
-    pub channels: u64,
+    /// Its counters.
+    pub counts: WorkerCounts,
 }
 
 impl WorkerCounters {
@@ -197,12 +198,7 @@ impl WorkerCounters {
         WorkerStats {
             worker,
             cpu,
-            passes: self.passes.load(Relaxed),
-            messages: self.messages.load(Relaxed),
-            sleeps: self.sleeps.load(Relaxed),
-            doorbells: self.doorbells.load(Relaxed),
-            faults: self.faults.load(Relaxed),
-            channels: self.channels.load(Relaxed),
+            counts: self.read(),
         }
     }
 }

@@ -336,7 +336,7 @@ impl NetDevice {
                 match (read, returned) {
                     (Ok(()), Ok(())) => self.inner.switch.forward(port, frame),
                     (read, returned) => {
-                        PortCounters::inc(&port.counters.tx_bad_descriptors);
+                        PortCounters::inc(&port.counters.drops.tx_bad_descriptors);
                         debug!(
                             "{}: bad TX chain {head}: {:?} / {:?}",
                             self.port(),
@@ -385,23 +385,23 @@ impl NetDevice {
                 }
             };
             if w.bad_chains > 0 {
-                PortCounters::add(&c.rx_bad_descriptors, w.bad_chains.into());
+                PortCounters::add(&c.drops.rx_bad_descriptors, w.bad_chains.into());
                 completed = true;
             }
             match w.outcome {
                 RxOutcome::Delivered { .. } => {
                     port.pop_rx(from);
-                    PortCounters::inc(&c.rx_frames);
-                    PortCounters::add(&c.rx_bytes, frame.len() as u64);
+                    PortCounters::inc(&c.traffic.rx_frames);
+                    PortCounters::add(&c.traffic.rx_bytes, frame.len() as u64);
                     completed = true;
                 }
                 RxOutcome::TooBig => {
                     port.pop_rx(from);
-                    PortCounters::inc(&c.rx_too_big);
+                    PortCounters::inc(&c.drops.rx_too_big);
                 }
                 RxOutcome::WriteFailed => {
                     port.pop_rx(from);
-                    PortCounters::inc(&c.rx_bad_descriptors);
+                    PortCounters::inc(&c.drops.rx_bad_descriptors);
                     completed = true;
                 }
                 RxOutcome::NoBuffers { avail_idx } => {

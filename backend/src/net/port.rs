@@ -16,6 +16,8 @@ use std::os::unix::io::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::counter_set::counter_set;
+
 use svnic_channels::{ChannelId, MacAddr};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -57,28 +59,68 @@ pub trait PortEvents: Send + Sync {
     fn connection(&self, port: PortId, connected: bool);
 }
 
-/// Counters of one port, by frame direction as the guest sees it: `tx` is what the guest sent,
-/// `rx` what it received.
+counter_set! {
+    /// Counters of one port's traffic, by frame direction as the guest sees it: `tx` is what the
+    /// guest sent, `rx` what it received.
+    pub(crate) struct TrafficCounters;
+    /// A port's traffic (see [`PortStats`]).
+    pub struct PortTraffic {
+        /// Engine frames accepted into the reserved queue, in total.
+        engine_frames,
+        /// Wake frames not queued because a wake for the same channel was already waiting.
+        engine_wakes_coalesced,
+        /// Frames the guest sent (every frame read from its TX queue).
+        tx_frames,
+        /// Bytes of those frames (without the virtio-net header).
+        tx_bytes,
+        /// Frames written into the guest's RX buffers.
+        rx_frames,
+        /// Bytes of those frames (without the virtio-net header).
+        rx_bytes,
+        /// svnic frames handed to the engine.
+        to_engine,
+        /// Frames handed to the uplink.
+        to_uplink,
+    }
+}
+
+counter_set! {
+    /// Counters of the frames (or descriptor chains) a port dropped, by reason.
+    pub(crate) struct DropCounters;
+    /// Frames (or descriptor chains) a port dropped, by reason.
+    pub struct PortDrops {
+        /// From the guest: source MAC not owned by the port.
+        spoofed,
+        /// From the guest: unicast to a MAC no port owns, and no uplink.
+        unknown_unicast,
+        /// From the guest: shorter than an Ethernet header or longer than the largest frame.
+        malformed,
+        /// From the guest: unicast to one of its own MACs.
+        looped,
+        /// TX descriptor chains that were unusable (shorter than the virtio-net header,
+        /// write-only or outside guest memory); returned to the guest with length 0.
+        tx_bad_descriptors,
+        /// To the guest: its RX queue was full.
+        rx_queue_full,
+        /// To the guest: its link was down (not connected, or device stopped).
+        rx_port_down,
+        /// To the guest: larger than its receive buffers (no MRG_RXBUF).
+        rx_too_big,
+        /// RX descriptor chains that were unusable (read-only, outside guest memory, empty);
+        /// returned to the guest with length 0.
+        rx_bad_descriptors,
+        /// To the guest, from the engine: its reserved engine queue was full (the guest does
+        /// not drain its RX queue).
+        engine_queue_full,
+    }
+}
+
+/// Counters of one port: its traffic and its drops, written with relaxed `fetch_add` by
+/// whichever thread sees the event.
 #[derive(Debug, Default)]
 pub(crate) struct PortCounters {
-    pub tx_frames: AtomicU64,
-    pub tx_bytes: AtomicU64,
-    pub rx_frames: AtomicU64,
-    pub rx_bytes: AtomicU64,
-    pub to_engine: AtomicU64,
-    pub to_uplink: AtomicU64,
-    pub spoofed: AtomicU64,
-    pub unknown_unicast: AtomicU64,
-    pub malformed: AtomicU64,
-    pub looped: AtomicU64,
-    pub tx_bad_descriptors: AtomicU64,
-    pub rx_queue_full: AtomicU64,
-    pub rx_port_down: AtomicU64,
-    pub rx_too_big: AtomicU64,
-    pub rx_bad_descriptors: AtomicU64,
-    pub engine_frames: AtomicU64,
-    pub engine_wakes_coalesced: AtomicU64,
-    pub engine_queue_full: AtomicU64,
+    pub traffic: TrafficCounters,
+    pub drops: DropCounters,
 }
 
 impl PortCounters {
@@ -91,51 +133,10 @@ impl PortCounters {
     }
 }
 
-fn read(c: &AtomicU64) -> u64 {
-    c.load(Ordering::Relaxed)
-}
-
-/// Frames (or descriptor chains) a port dropped, by reason.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PortDrops {
-    /// From the guest: source MAC not owned by the port.
-    pub spoofed: u64,
-    /// From the guest: unicast to a MAC no port owns, and no uplink.
-    pub unknown_unicast: u64,
-    /// From the guest: shorter than an Ethernet header or longer than the largest frame.
-    pub malformed: u64,
-    /// From the guest: unicast to one of its own MACs.
-    pub looped: u64,
-    /// TX descriptor chains that were unusable (shorter than the virtio-net header, write-only
-    /// or outside guest memory); returned to the guest with length 0.
-    pub tx_bad_descriptors: u64,
-    /// To the guest: its RX queue was full.
-    pub rx_queue_full: u64,
-    /// To the guest: its link was down (not connected, or device stopped).
-    pub rx_port_down: u64,
-    /// To the guest: larger than its receive buffers (no MRG_RXBUF).
-    pub rx_too_big: u64,
-    /// RX descriptor chains that were unusable (read-only, outside guest memory, empty);
-    /// returned to the guest with length 0.
-    pub rx_bad_descriptors: u64,
-    /// To the guest, from the engine: its reserved engine queue was full (the guest does not
-    /// drain its RX queue).
-    pub engine_queue_full: u64,
-}
-
 impl PortDrops {
     /// Sum of every reason.
     pub fn total(&self) -> u64 {
-        self.spoofed
-            + self.unknown_unicast
-            + self.malformed
-            + self.looped
-            + self.tx_bad_descriptors
-            + self.rx_queue_full
-            + self.rx_port_down
-            + self.rx_too_big
-            + self.rx_bad_descriptors
-            + self.engine_queue_full
+        self.values().sum()
     }
 }
 
@@ -152,22 +153,8 @@ pub struct PortStats {
     pub rx_queued: usize,
     /// Engine frames (control responses, wakes) waiting in the reserved queue; delivered first.
     pub engine_queued: usize,
-    /// Engine frames accepted into the reserved queue, in total.
-    pub engine_frames: u64,
-    /// Wake frames not queued because a wake for the same channel was already waiting.
-    pub engine_wakes_coalesced: u64,
-    /// Frames the guest sent (every frame read from its TX queue).
-    pub tx_frames: u64,
-    /// Bytes of those frames (without the virtio-net header).
-    pub tx_bytes: u64,
-    /// Frames written into the guest's RX buffers.
-    pub rx_frames: u64,
-    /// Bytes of those frames (without the virtio-net header).
-    pub rx_bytes: u64,
-    /// svnic frames handed to the engine.
-    pub to_engine: u64,
-    /// Frames handed to the uplink.
-    pub to_uplink: u64,
+    /// Frames and bytes, by direction.
+    pub traffic: PortTraffic,
     /// Drops by reason.
     pub drops: PortDrops,
 }
@@ -296,26 +283,8 @@ impl SwitchPort {
             link_up,
             rx_queued,
             engine_queued,
-            engine_frames: read(&c.engine_frames),
-            engine_wakes_coalesced: read(&c.engine_wakes_coalesced),
-            tx_frames: read(&c.tx_frames),
-            tx_bytes: read(&c.tx_bytes),
-            rx_frames: read(&c.rx_frames),
-            rx_bytes: read(&c.rx_bytes),
-            to_engine: read(&c.to_engine),
-            to_uplink: read(&c.to_uplink),
-            drops: PortDrops {
-                spoofed: read(&c.spoofed),
-                unknown_unicast: read(&c.unknown_unicast),
-                malformed: read(&c.malformed),
-                looped: read(&c.looped),
-                tx_bad_descriptors: read(&c.tx_bad_descriptors),
-                rx_queue_full: read(&c.rx_queue_full),
-                rx_port_down: read(&c.rx_port_down),
-                rx_too_big: read(&c.rx_too_big),
-                rx_bad_descriptors: read(&c.rx_bad_descriptors),
-                engine_queue_full: read(&c.engine_queue_full),
-            },
+            traffic: c.traffic.read(),
+            drops: c.drops.read(),
         }
     }
 
@@ -328,11 +297,11 @@ impl SwitchPort {
     pub(crate) fn enqueue(&self, frame: Arc<PooledFrame>) -> bool {
         let mut rx = self.lock_rx();
         if !rx.up {
-            PortCounters::inc(&self.counters.rx_port_down);
+            PortCounters::inc(&self.counters.drops.rx_port_down);
             return false;
         }
         if rx.frames.len() >= self.rx_capacity {
-            PortCounters::inc(&self.counters.rx_queue_full);
+            PortCounters::inc(&self.counters.drops.rx_queue_full);
             return false;
         }
         let was_empty = rx.frames.is_empty();
@@ -357,21 +326,21 @@ impl SwitchPort {
     ) -> EngineQueued {
         let mut rx = self.lock_rx();
         if !rx.up {
-            PortCounters::inc(&self.counters.rx_port_down);
+            PortCounters::inc(&self.counters.drops.rx_port_down);
             return EngineQueued::Refused;
         }
         if wake.is_some() && rx.engine.iter().skip(1).any(|f| f.wake == wake) {
-            PortCounters::inc(&self.counters.engine_wakes_coalesced);
+            PortCounters::inc(&self.counters.traffic.engine_wakes_coalesced);
             return EngineQueued::Coalesced;
         }
         if rx.engine.len() >= self.engine_capacity {
-            PortCounters::inc(&self.counters.engine_queue_full);
+            PortCounters::inc(&self.counters.drops.engine_queue_full);
             return EngineQueued::Refused;
         }
         let was_empty = rx.engine.is_empty();
         rx.engine.push_back(EngineFrame { frame, wake });
         drop(rx);
-        PortCounters::inc(&self.counters.engine_frames);
+        PortCounters::inc(&self.counters.traffic.engine_frames);
         if was_empty {
             // A failed write means the counter is at its maximum: the worker is awake anyway.
             let _ = self.wake.write(1);
@@ -388,7 +357,7 @@ impl SwitchPort {
             let n = (rx.frames.len() + rx.engine.len()) as u64;
             rx.frames.clear();
             rx.engine.clear();
-            PortCounters::add(&self.counters.rx_port_down, n);
+            PortCounters::add(&self.counters.drops.rx_port_down, n);
         }
     }
 

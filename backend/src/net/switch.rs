@@ -258,21 +258,21 @@ impl Switch {
     /// Switches a frame the guest of `from` sent (see the module documentation for the rules).
     pub fn forward(&self, from: &SwitchPort, frame: PooledFrame) {
         let c = &from.counters;
-        PortCounters::inc(&c.tx_frames);
-        PortCounters::add(&c.tx_bytes, frame.len() as u64);
+        PortCounters::inc(&c.traffic.tx_frames);
+        PortCounters::add(&c.traffic.tx_bytes, frame.len() as u64);
 
         if claims_svnic(&frame) {
-            PortCounters::inc(&c.to_engine);
+            PortCounters::inc(&c.traffic.to_engine);
             self.events.svnic_frame(from.id(), &frame);
             return;
         }
         if frame.len() < ETH_HEADER_LEN || frame.len() > MAX_FRAME_LEN {
-            PortCounters::inc(&c.malformed);
+            PortCounters::inc(&c.drops.malformed);
             return;
         }
         let (dst, src) = (mac_at(&frame, 0), mac_at(&frame, 6));
         if !from.owns(src) {
-            PortCounters::inc(&c.spoofed);
+            PortCounters::inc(&c.drops.spoofed);
             return;
         }
 
@@ -288,21 +288,21 @@ impl Switch {
             }
             if let Some(uplink) = &t.uplink {
                 if uplink.transmit(from.id(), &frame) {
-                    PortCounters::inc(&c.to_uplink);
+                    PortCounters::inc(&c.traffic.to_uplink);
                 }
             }
             return;
         }
         match t.by_mac.get(&dst).and_then(|id| t.ports.get(id)) {
-            Some(port) if port.id() == from.id() => PortCounters::inc(&c.looped),
+            Some(port) if port.id() == from.id() => PortCounters::inc(&c.drops.looped),
             Some(port) => {
                 port.enqueue(frame);
             }
             None => match &t.uplink {
                 Some(uplink) if uplink.transmit(from.id(), &frame) => {
-                    PortCounters::inc(&c.to_uplink)
+                    PortCounters::inc(&c.traffic.to_uplink)
                 }
-                _ => PortCounters::inc(&c.unknown_unicast),
+                _ => PortCounters::inc(&c.drops.unknown_unicast),
             },
         }
     }

@@ -150,14 +150,7 @@ pub fn next_connection<T>(
             Err(e) => {
                 // poll itself failed (ENOMEM, or a descriptor limit below two): a listener that
                 // gave up would leave its guest unserved for good, so it retries, backing off.
-                let delay = backoff.failed();
-                log_limited!(
-                    log::Level::Warn,
-                    "{socket}: cannot wait for connections: {e}; next try in {} ms",
-                    delay.as_millis()
-                );
-                std::thread::sleep(delay);
-                if (stop.is_stopped)() {
+                if back_off(backoff, stop, socket, "wait for connections", &e) {
                     return Ok(None);
                 }
                 continue;
@@ -170,18 +163,34 @@ pub fn next_connection<T>(
             }
             Err(e) if is_transient(&e) => {}
             Err(e) => {
-                let delay = backoff.failed();
-                log_limited!(
-                    log::Level::Warn,
-                    "{socket}: cannot accept a connection: {e}; next try in {} ms",
-                    delay.as_millis()
-                );
-                match wait(None, stop, Some(delay)) {
-                    Ok(Woken::Stopped) => return Ok(None),
-                    Ok(_) => {}
-                    Err(_) => std::thread::sleep(delay),
+                if back_off(backoff, stop, socket, "accept a connection", &e) {
+                    return Ok(None);
                 }
             }
+        }
+    }
+}
+
+/// After a failure to `what` (`e`): logs it (rate-limited) and waits out the next backoff delay,
+/// or until `stop` is raised. True if stopped. Should waiting fail too, it sleeps the delay.
+fn back_off(
+    backoff: &mut Backoff,
+    stop: &StopWatch<'_>,
+    socket: &dyn Display,
+    what: &str,
+    e: &io::Error,
+) -> bool {
+    let delay = backoff.failed();
+    log_limited!(
+        log::Level::Warn,
+        "{socket}: cannot {what}: {e}; next try in {} ms",
+        delay.as_millis()
+    );
+    match wait(None, stop, Some(delay)) {
+        Ok(woken) => matches!(woken, Woken::Stopped),
+        Err(_) => {
+            std::thread::sleep(delay);
+            (stop.is_stopped)()
         }
     }
 }

@@ -1,27 +1,14 @@
 //! Splitting a message into data frames that fit an MTU.
 
-use super::{DataFrame, DataKind, Frame, FrameBody, BODY_OFFSET, DATA_HEADER_LEN, MIN_MTU};
+use super::{DataFrame, Frame, FrameBody, MessageHeader, BODY_OFFSET, DATA_HEADER_LEN, MIN_MTU};
 use crate::error::DecodeError;
-use crate::types::{EndpointId, MacAddr};
+use crate::types::MacAddr;
 
 /// A whole message to send over an uplink, before fragmentation.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct DataMessage<'a> {
-    /// Sending channel's endpoint.
-    pub src_endpoint: EndpointId,
-    /// Destination endpoint.
-    pub dst_endpoint: EndpointId,
-    /// User-data or DMA-data.
-    pub kind: DataKind,
-    /// The sender's message flags (see [`DataKind::allowed_flags`]).
-    pub msg_flags: u8,
-    /// Message id: the sending engine numbers its messages per source endpoint. Start the counter
-    /// at a value that differs from one engine start to the next (random or time-based), so that
-    /// a receiver's duplicate filter does not mistake a restarted engine's first messages for
-    /// duplicates of the old ones.
-    pub message_id: u32,
-    /// The sender's cookie.
-    pub cookie: u64,
+    /// The header each fragment carries.
+    pub header: MessageHeader,
     /// The whole message.
     pub payload: &'a [u8],
 }
@@ -46,7 +33,8 @@ impl<'a> DataMessage<'a> {
     /// does not allow.
     pub fn fragments(&self, mtu: usize) -> Result<Fragments<'a>, DecodeError> {
         let chunk = Self::fragment_capacity(mtu)?;
-        self.kind.check(self.msg_flags, self.payload.len() as u64)?;
+        let h = &self.header;
+        h.kind.check(h.msg_flags, self.payload.len() as u64)?;
         Ok(Fragments {
             msg: *self,
             chunk,
@@ -76,14 +64,9 @@ impl<'a> Iterator for Fragments<'a> {
         let payload = rest.get(..self.chunk.min(rest.len()))?;
         // fragments() checked the length against the kind's maximum, which fits in a u32.
         let frame = DataFrame {
-            src_endpoint: self.msg.src_endpoint,
-            dst_endpoint: self.msg.dst_endpoint,
-            kind: self.msg.kind,
-            msg_flags: self.msg.msg_flags,
-            message_id: self.msg.message_id,
+            header: self.msg.header,
             total_len: u32::try_from(self.msg.payload.len()).ok()?,
             frag_offset: u32::try_from(self.offset).ok()?,
-            cookie: self.msg.cookie,
             payload,
         };
         self.offset += payload.len();

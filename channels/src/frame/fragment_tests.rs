@@ -9,12 +9,14 @@ const GUEST: MacAddr = MacAddr([0x52, 0x54, 0, 0x12, 0x34, 0x56]);
 
 fn message(payload: &[u8], kind: DataKind) -> DataMessage<'_> {
     DataMessage {
-        src_endpoint: 4,
-        dst_endpoint: 5,
-        kind,
-        msg_flags: 0,
-        message_id: 1,
-        cookie: 77,
+        header: MessageHeader {
+            src_endpoint: 4,
+            dst_endpoint: 5,
+            kind,
+            msg_flags: 0,
+            message_id: 1,
+            cookie: 77,
+        },
         payload,
     }
 }
@@ -28,6 +30,17 @@ fn data_of(bytes: &[u8]) -> (MacAddr, DataFrame<'_>) {
         }) => (src, d),
         other => panic!("not a data frame: {other:?}"),
     }
+}
+
+/// Fragments DMA-data message `id` of `payload` for `mtu` and pushes its first fragment only,
+/// which must leave it incomplete; returns all its fragments.
+fn start_message(r: &mut Reassembler, payload: &[u8], id: u32, mtu: usize) -> Vec<Vec<u8>> {
+    let mut m = message(payload, DataKind::DmaData);
+    m.header.message_id = id;
+    let frames = fragment(ENGINE, GUEST, &m, mtu).unwrap();
+    let (src, d) = data_of(&frames[0]);
+    assert_eq!(r.push(src, &d), PushOutcome::Incomplete, "message {id}");
+    frames
 }
 
 #[test]
@@ -58,7 +71,7 @@ fn fragment_respects_the_mtu_and_the_limits() {
         Err(DecodeError::BadLength { .. })
     ));
     let mut m = message(&[1], DataKind::DmaData);
-    m.msg_flags = FLAG_WANT_COMPLETION;
+    m.header.msg_flags = FLAG_WANT_COMPLETION;
     assert!(matches!(
         fragment(ENGINE, GUEST, &m, 1500),
         Err(DecodeError::BadFlags { .. })
@@ -84,12 +97,7 @@ fn reassembler_evicts_the_oldest_partial_message() {
     let payload = vec![9u8; 300];
     let mut firsts = Vec::new();
     for id in 0..3 {
-        let mut m = message(&payload, DataKind::DmaData);
-        m.message_id = id;
-        let frames = fragment(ENGINE, GUEST, &m, 200).unwrap();
-        let (src, d) = data_of(&frames[0]);
-        assert_eq!(r.push(src, &d), PushOutcome::Incomplete);
-        firsts.push(frames);
+        firsts.push(start_message(&mut r, &payload, id, 200));
     }
     assert_eq!(r.in_progress(), 2);
     assert_eq!(r.stats().evicted, 1);
@@ -113,11 +121,7 @@ fn reassembler_respects_its_byte_budget() {
     let mut r = Reassembler::new(limits);
     let payload = vec![1u8; 4000];
     for id in 0..10 {
-        let mut m = message(&payload, DataKind::DmaData);
-        m.message_id = id;
-        let frames = fragment(ENGINE, GUEST, &m, 1500).unwrap();
-        let (src, d) = data_of(&frames[0]);
-        assert_eq!(r.push(src, &d), PushOutcome::Incomplete);
+        start_message(&mut r, &payload, id, 1500);
         assert!(r.buffered_bytes() <= limits.max_bytes);
     }
     assert_eq!(r.in_progress(), 2);
@@ -142,7 +146,7 @@ fn reassembler_handles_conflicts_duplicates_and_invalid_fragments() {
     assert_eq!(r.push(src, &d0), PushOutcome::Duplicate);
     // Same key, different cookie: the partial message is replaced.
     let mut other = d0;
-    other.cookie = 1;
+    other.header.cookie = 1;
     assert_eq!(r.push(src, &other), PushOutcome::Incomplete);
     assert_eq!(r.stats().conflicts, 1);
     assert_eq!(r.in_progress(), 1);
@@ -214,7 +218,8 @@ proptest! {
         }
         let m = got.unwrap_or_else(|| panic!("never completed"));
         prop_assert_eq!(&m.payload, &payload);
-        prop_assert_eq!((m.src, m.src_endpoint, m.dst_endpoint, m.cookie), (GUEST, 4, 5, 77));
+        let h = m.header;
+        prop_assert_eq!((m.src, h.src_endpoint, h.dst_endpoint, h.cookie), (GUEST, 4, 5, 77));
         prop_assert_eq!(r.in_progress(), 0);
         prop_assert_eq!(r.buffered_bytes(), 0);
     }

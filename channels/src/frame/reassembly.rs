@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use super::{DataFrame, DataKind};
+use super::{DataFrame, MessageHeader};
 use crate::error::DecodeError;
 use crate::types::{EndpointId, MacAddr};
 
@@ -79,18 +79,8 @@ pub enum PushOutcome {
 pub struct ReassembledMessage {
     /// Source MAC (the frames' source).
     pub src: MacAddr,
-    /// Sending endpoint.
-    pub src_endpoint: EndpointId,
-    /// Destination endpoint.
-    pub dst_endpoint: EndpointId,
-    /// User-data or DMA-data.
-    pub kind: DataKind,
-    /// The sender's message flags.
-    pub msg_flags: u8,
-    /// The sender's message id.
-    pub message_id: u32,
-    /// The sender's cookie.
-    pub cookie: u64,
+    /// The header its fragments carried.
+    pub header: MessageHeader,
     /// The message bytes (`total_len` of them).
     pub payload: Vec<u8>,
 }
@@ -105,11 +95,8 @@ struct Key {
 /// Header fields every fragment of a message must agree on.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 struct Signature {
-    dst_endpoint: EndpointId,
-    kind: DataKind,
-    msg_flags: u8,
+    header: MessageHeader,
     total_len: u32,
-    cookie: u64,
 }
 
 #[derive(Debug)]
@@ -222,15 +209,12 @@ impl Reassembler {
         }
         let key = Key {
             src,
-            src_endpoint: frag.src_endpoint,
-            message_id: frag.message_id,
+            src_endpoint: frag.header.src_endpoint,
+            message_id: frag.header.message_id,
         };
         let sig = Signature {
-            dst_endpoint: frag.dst_endpoint,
-            kind: frag.kind,
-            msg_flags: frag.msg_flags,
+            header: frag.header,
             total_len: frag.total_len,
-            cookie: frag.cookie,
         };
         match self.recent.get(&key) {
             Some((s, _)) if *s == sig => {
@@ -350,12 +334,7 @@ impl Reassembler {
         }
         PushOutcome::Complete(ReassembledMessage {
             src: key.src,
-            src_endpoint: key.src_endpoint,
-            dst_endpoint: sig.dst_endpoint,
-            kind: sig.kind,
-            msg_flags: sig.msg_flags,
-            message_id: key.message_id,
-            cookie: sig.cookie,
+            header: sig.header,
             payload,
         })
     }

@@ -47,14 +47,16 @@ fn response(status: ControlStatus) -> FrameBody<'static> {
 
 fn data(payload: &[u8]) -> DataFrame<'_> {
     DataFrame {
-        src_endpoint: 1,
-        dst_endpoint: 2,
-        kind: DataKind::DmaData,
-        msg_flags: 0,
-        message_id: 99,
+        header: MessageHeader {
+            src_endpoint: 1,
+            dst_endpoint: 2,
+            kind: DataKind::DmaData,
+            msg_flags: 0,
+            message_id: 99,
+            cookie: 0xc0ffee,
+        },
         total_len: payload.len() as u32 + 10,
         frag_offset: 10,
-        cookie: 0xc0ffee,
         payload,
     }
 }
@@ -562,14 +564,16 @@ fn data_parts() -> impl Strategy<Value = (DataFrame<'static>, Vec<u8>)> {
             |(kind, total_len, frag_offset, payload, msg_flags, (s, d, id, cookie))| {
                 (
                     DataFrame {
-                        src_endpoint: s,
-                        dst_endpoint: d,
-                        kind,
-                        msg_flags,
-                        message_id: id,
+                        header: MessageHeader {
+                            src_endpoint: s,
+                            dst_endpoint: d,
+                            kind,
+                            msg_flags,
+                            message_id: id,
+                            cookie,
+                        },
                         total_len,
                         frag_offset,
-                        cookie,
                         payload: &[],
                     },
                     payload,

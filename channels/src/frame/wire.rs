@@ -3,8 +3,8 @@
 
 use super::{
     ControlOp, ControlRequest, ControlResponse, ControlStatus, CreateRequest, DataFrame, DataKind,
-    FrameBody, FrameType, BODY_OFFSET, CONTROL_REQUEST_LEN, DATA_HEADER_LEN, ETHERTYPE,
-    ETH_HEADER_LEN, FRAME_VERSION,
+    FrameBody, FrameType, MessageHeader, BODY_OFFSET, CONTROL_REQUEST_LEN, DATA_HEADER_LEN,
+    ETHERTYPE, ETH_HEADER_LEN, FRAME_VERSION,
 };
 use crate::error::DecodeError;
 use crate::status::FailureReason;
@@ -91,16 +91,17 @@ pub(super) fn write_body(body: &FrameBody<'_>, out: &mut [u8]) {
             }
         }
         FrameBody::Data(d) => {
-            w.u32(off::DATA_SRC_EP, d.src_endpoint);
-            w.u32(off::DATA_DST_EP, d.dst_endpoint);
-            w.u8(off::DATA_KIND, d.kind.code());
-            w.u8(off::DATA_FLAGS, d.msg_flags);
-            w.u32(off::DATA_MSG_ID, d.message_id);
+            let h = &d.header;
+            w.u32(off::DATA_SRC_EP, h.src_endpoint);
+            w.u32(off::DATA_DST_EP, h.dst_endpoint);
+            w.u8(off::DATA_KIND, h.kind.code());
+            w.u8(off::DATA_FLAGS, h.msg_flags);
+            w.u32(off::DATA_MSG_ID, h.message_id);
             w.u32(off::DATA_TOTAL, d.total_len);
             w.u32(off::DATA_FRAG_OFF, d.frag_offset);
             // validate() checked the length fits in a u16.
             w.u16(off::DATA_FRAG_LEN, d.payload.len() as u16);
-            w.u64(off::DATA_COOKIE, d.cookie);
+            w.u64(off::DATA_COOKIE, h.cookie);
         }
         FrameBody::Doorbell { channel } | FrameBody::Wake { channel } => {
             w.u32(off::NOTIFY_CHANNEL, channel.0);
@@ -271,14 +272,16 @@ fn decode_data<'a>(b: &Reader<'a>) -> Result<DataFrame<'a>, DecodeError> {
                 need: BODY_OFFSET + payload_end,
             })?;
     let d = DataFrame {
-        src_endpoint: b.u32(off::DATA_SRC_EP, WHAT)?,
-        dst_endpoint: b.u32(off::DATA_DST_EP, WHAT)?,
-        kind: DataKind::from_code(b.u8(off::DATA_KIND, WHAT)?)?,
-        msg_flags: b.u8(off::DATA_FLAGS, WHAT)?,
-        message_id: b.u32(off::DATA_MSG_ID, WHAT)?,
+        header: MessageHeader {
+            src_endpoint: b.u32(off::DATA_SRC_EP, WHAT)?,
+            dst_endpoint: b.u32(off::DATA_DST_EP, WHAT)?,
+            kind: DataKind::from_code(b.u8(off::DATA_KIND, WHAT)?)?,
+            msg_flags: b.u8(off::DATA_FLAGS, WHAT)?,
+            message_id: b.u32(off::DATA_MSG_ID, WHAT)?,
+            cookie: b.u64(off::DATA_COOKIE, WHAT)?,
+        },
         total_len: b.u32(off::DATA_TOTAL, WHAT)?,
         frag_offset: b.u32(off::DATA_FRAG_OFF, WHAT)?,
-        cookie: b.u64(off::DATA_COOKIE, WHAT)?,
         payload,
     };
     d.validate()?;

@@ -110,10 +110,7 @@ pub fn check_reassembly(stream: &FrameStream<'_>) {
         match r.push(src, &frag) {
             PushOutcome::Complete(m) => {
                 assert_eq!(m.payload.len() as u64, u64::from(frag.total_len));
-                assert_eq!(
-                    (m.src, m.src_endpoint, m.message_id, m.cookie),
-                    (src, frag.src_endpoint, frag.message_id, frag.cookie)
-                );
+                assert_eq!((m.src, m.header), (src, frag.header));
                 assert_eq!(r.stats().completed, before.completed + 1);
             }
             PushOutcome::Invalid(e) => panic!("decoded fragment {frag:?} refused: {e}"),

@@ -15,8 +15,8 @@ impl Agent {
     /// What every uid holding channel memory holds.
     pub(super) fn usage_by_uid(&self) -> BTreeMap<u32, UidUsage> {
         let mut usage: BTreeMap<u32, UidUsage> = BTreeMap::new();
-        let held = self.prepared.values().map(|p| (p.uid, p.len()));
-        let registered = self.regions.values().map(|h| (h.uid, h.len()));
+        let held = self.prepared.values().map(|p| (p.charge.uid, p.len()));
+        let registered = self.regions.values().map(|h| (h.charge.uid, h.len()));
         for (uid, len) in held.chain(registered) {
             let u = usage.entry(uid).or_default();
             u.channels += 1;
@@ -31,12 +31,12 @@ impl Agent {
 
     /// Another uid for which the agent holds memory at `endpoint`, if any.
     fn endpoint_holder(&self, uid: u32, endpoint: u32) -> Option<u32> {
-        let prepared = self.prepared.values().map(|p| (p.uid, p.endpoint));
-        let registered = self.regions.values().map(|h| (h.uid, h.endpoint));
+        let prepared = self.prepared.values().map(|p| p.charge);
+        let registered = self.regions.values().map(|h| h.charge);
         prepared
             .chain(registered)
-            .find(|(u, e)| *e == endpoint && *u != uid)
-            .map(|(u, _)| u)
+            .find(|c| c.endpoint == endpoint && c.uid != uid)
+            .map(|c| c.uid)
     }
 
     /// Checks endpoint ownership, then the uid's quotas, for one more channel of `uid` at
@@ -46,14 +46,14 @@ impl Agent {
         let policy = &self.cfg.users;
         let holder = self.endpoint_holder(uid, endpoint);
         if let Some(why) = policy.endpoint_refusal(uid, endpoint, holder) {
-            self.counters.refused_endpoint += 1;
+            self.counters.refused.endpoint += 1;
             debug!("uid {uid}: {why}");
             return Err((AgentFailure::EndpointOwned, why));
         }
         let usage = self.usage_of(uid);
         let refusal = policy.quota_refusal(uid, usage, self.memory.region_len());
         if let Some((reason, why)) = refusal {
-            self.counters.refused_quota += 1;
+            self.counters.refused.quota += 1;
             debug!("{why}");
             return Err((reason, why));
         }

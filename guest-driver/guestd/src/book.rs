@@ -13,11 +13,10 @@ use log::{debug, info, warn};
 use svnic_channels::frame::{ControlOp, ControlRequest, ControlResponse, CreateRequest};
 use svnic_channels::{ChannelAddr, ChannelId, ChannelLayout, FailureReason};
 
-use super::records::{Creating, Destroying, Held, Live, Prepared};
+use super::records::{ChannelEvents, Charge, Creating, Destroying, Held, Live, Prepared};
 use super::server::Agent;
 use super::AgentEvent;
 use svnic_client::request_table::{Action, Outcome, RegionLease};
-use svnic_client::vm::event::Event;
 use svnic_client::vm::protocol::{request_token, AgentFailure, Request, Response};
 
 impl Agent {
@@ -128,14 +127,14 @@ impl Agent {
         let mem = match self.memory.allocate() {
             Ok(m) => m,
             Err(e) => {
-                self.counters.refused_no_memory += 1;
+                self.counters.refused.no_memory += 1;
                 debug!("application {app}: no memory for a channel: {e}");
                 return self.fail(app, token, AgentFailure::NoMemory, e.to_string());
             }
         };
-        let (wake, doorbell) = match (Event::new(), Event::new()) {
-            (Ok(w), Ok(d)) => (w, d),
-            (Err(e), _) | (_, Err(e)) => {
+        let events = match ChannelEvents::new() {
+            Ok(events) => events,
+            Err(e) => {
                 let why = format!("eventfd: {e}");
                 return self.fail(app, token, AgentFailure::NoMemory, why);
             }
@@ -145,17 +144,16 @@ impl Agent {
             region_len: mem.len(),
             fd_offset: mem.fd_offset(),
         };
-        self.reply(app, &region, &[mem.fd(), wake.as_fd(), doorbell.as_fd()]);
+        let fds = [mem.fd(), events.wake.as_fd(), events.doorbell.as_fd()];
+        self.reply(app, &region, &fds);
         debug!("application {app}: memory for endpoint {endpoint} passed (request {token})");
         self.prepared.insert(
             (app, token),
             Prepared {
                 mem,
-                uid,
-                endpoint,
+                charge: Charge { uid, endpoint },
                 ring_size,
-                wake,
-                doorbell,
+                events,
             },
         );
     }
@@ -183,7 +181,7 @@ impl Agent {
             request_id,
             op: ControlOp::Create(CreateRequest {
                 mac: self.mac,
-                endpoint: p.endpoint,
+                endpoint: p.charge.endpoint,
                 ring_size: p.ring_size,
                 region_addr: gpa,
                 region_len: len,
@@ -191,15 +189,14 @@ impl Agent {
         });
         debug!(
             "application {app}: create request {request_id} for endpoint {} at {gpa:#x}",
-            p.endpoint
+            p.charge.endpoint
         );
         self.regions.insert(
             gpa,
             Held {
                 memory: p.mem,
                 app,
-                uid: p.uid,
-                endpoint: p.endpoint,
+                charge: p.charge,
                 channel: None,
                 quarantined: false,
             },
@@ -212,10 +209,9 @@ impl Agent {
                 gpa,
                 addr: ChannelAddr {
                     mac: self.mac,
-                    endpoint: p.endpoint,
+                    endpoint: p.charge.endpoint,
                 },
-                wake: p.wake,
-                doorbell: p.doorbell,
+                events: p.events,
             },
         );
     }
@@ -249,7 +245,7 @@ impl Agent {
     /// Removes a live channel from the loop (doorbell unwatched, pending doorbell dropped).
     fn forget_live(&mut self, channel: ChannelId) -> Option<Live> {
         let l = self.live.remove(&channel)?;
-        self.unwatch(&l.doorbell);
+        self.unwatch(&l.events.doorbell);
         self.doorbells.remove(&channel.0);
         Some(l)
     }
@@ -367,8 +363,7 @@ impl Agent {
             token,
             gpa,
             addr,
-            wake,
-            doorbell,
+            events,
         } = c;
         match outcome {
             Outcome::Created {
@@ -385,15 +380,8 @@ impl Agent {
                      {gpa:#x}, served by worker {worker}{}",
                     cpu.map_or(String::new(), |c| format!(" on CPU {c}"))
                 );
-                self.watch_doorbell(channel, &doorbell);
-                self.live.insert(
-                    channel,
-                    Live {
-                        app,
-                        wake,
-                        doorbell,
-                    },
-                );
+                self.watch_doorbell(channel, &events.doorbell);
+                self.live.insert(channel, Live { app, events });
                 self.event(AgentEvent::Created { channel, app, gpa });
                 self.save_state();
                 let ok = Response::Success {
@@ -472,7 +460,7 @@ impl Agent {
     pub(super) fn on_wake(&mut self, channel: ChannelId) {
         match self.live.get(&channel) {
             Some(l) => {
-                if let Err(e) = l.wake.signal() {
+                if let Err(e) = l.events.wake.signal() {
                     debug!("{channel}: cannot signal the wake eventfd: {e}");
                 }
                 self.counters.wakes += 1;
@@ -489,7 +477,7 @@ impl Agent {
         let Some(l) = self.live.get(&channel) else {
             return;
         };
-        match l.doorbell.drain() {
+        match l.events.doorbell.drain() {
             Ok(0) => {}
             Ok(_) => {
                 self.doorbells.insert(channel.0);

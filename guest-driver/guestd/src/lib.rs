@@ -196,6 +196,19 @@ pub enum AgentEvent {
     },
 }
 
+/// What the agent refused, by reason (counted since it started).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Refusals {
+    /// Application connections closed at once (too many, no peer credentials).
+    pub connections: u64,
+    /// Creates refused by a per-uid quota.
+    pub quota: u64,
+    /// Creates refused because the endpoint is reserved for, or held by, another uid.
+    pub endpoint: u64,
+    /// Creates refused for want of channel memory.
+    pub no_memory: u64,
+}
+
 /// The agent's state as of its last loop iteration.
 #[derive(Debug, Clone, Default)]
 pub struct AgentStatus {
@@ -216,14 +229,8 @@ pub struct AgentStatus {
     pub doorbells: u64,
     /// svnic frames ignored (malformed, not from the engine, unknown channel).
     pub ignored_frames: u64,
-    /// Application connections closed at once (too many, no peer credentials).
-    pub refused_connections: u64,
-    /// Creates refused by a per-uid quota.
-    pub refused_quota: u64,
-    /// Creates refused because the endpoint is reserved for, or held by, another uid.
-    pub refused_endpoint: u64,
-    /// Creates refused for want of channel memory.
-    pub refused_no_memory: u64,
+    /// What the agent refused, by reason.
+    pub refused: Refusals,
     /// What each uid holding channel memory holds (charged until the memory is freed).
     pub users: BTreeMap<u32, UidUsage>,
     /// The loop has finished (stopped).

@@ -2,6 +2,8 @@
 //! every stage (prepared, held, creating, live, destroying). Data only; what happens to them is
 //! in [`super::book`].
 
+use std::io;
+
 use svnic_channels::{ChannelAddr, ChannelId};
 use svnic_client::vm::event::Event;
 use svnic_client::vm::seqpacket::SeqPacket;
@@ -17,15 +19,40 @@ pub(crate) struct App {
     pub(crate) uid: u32,
 }
 
+/// Who a channel's memory is charged to: the user whose quota it spends, and the endpoint that
+/// user holds with it (no other uid may hold that endpoint meanwhile). Carried from the moment
+/// the memory is passed until it is freed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Charge {
+    pub(crate) uid: u32,
+    pub(crate) endpoint: u32,
+}
+
+/// A channel's two eventfds, passed to its application: `wake` the agent signals when the
+/// engine sends a Wake frame, `doorbell` the application signals for the agent to relay.
+#[derive(Debug)]
+pub(crate) struct ChannelEvents {
+    pub(crate) wake: Event,
+    pub(crate) doorbell: Event,
+}
+
+impl ChannelEvents {
+    /// Two new eventfds.
+    pub(crate) fn new() -> io::Result<Self> {
+        Ok(ChannelEvents {
+            wake: Event::new()?,
+            doorbell: Event::new()?,
+        })
+    }
+}
+
 /// Memory passed to an application that has not said `Mapped` yet.
 #[derive(Debug)]
 pub(crate) struct Prepared {
     pub(crate) mem: ChannelMemory,
-    pub(crate) uid: u32,
-    pub(crate) endpoint: u32,
+    pub(crate) charge: Charge,
     pub(crate) ring_size: u32,
-    pub(crate) wake: Event,
-    pub(crate) doorbell: Event,
+    pub(crate) events: ChannelEvents,
 }
 
 impl Prepared {
@@ -40,9 +67,8 @@ pub(crate) struct Held {
     /// Kept alive until the engine lets go of it; dropping it frees it.
     pub(crate) memory: ChannelMemory,
     pub(crate) app: u64,
-    /// Charged to this uid, which holds `endpoint`, until the memory is freed.
-    pub(crate) uid: u32,
-    pub(crate) endpoint: u32,
+    /// Kept until the memory is freed.
+    pub(crate) charge: Charge,
     pub(crate) channel: Option<ChannelId>,
     pub(crate) quarantined: bool,
 }
@@ -64,16 +90,14 @@ pub(crate) struct Creating {
     pub(crate) token: u32,
     pub(crate) gpa: u64,
     pub(crate) addr: ChannelAddr,
-    pub(crate) wake: Event,
-    pub(crate) doorbell: Event,
+    pub(crate) events: ChannelEvents,
 }
 
 /// A channel live in the engine for a connected application.
 #[derive(Debug)]
 pub(crate) struct Live {
     pub(crate) app: u64,
-    pub(crate) wake: Event,
-    pub(crate) doorbell: Event,
+    pub(crate) events: ChannelEvents,
 }
 
 /// A destroy request an application waits for.

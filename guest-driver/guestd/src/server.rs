@@ -20,7 +20,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use super::memory::MemoryBackend;
 use super::nic::Nic;
 use super::records::{App, Creating, Destroying, Held, Live, Prepared};
-use super::{AgentConfig, AgentError, AgentEvent, AgentStatus, EVENT_LOG};
+use super::{AgentConfig, AgentError, AgentEvent, AgentStatus, Refusals, EVENT_LOG};
 use svnic_client::request_table::RequestTable;
 use svnic_client::vm::event::Event;
 use svnic_client::vm::protocol::{Response, MAX_MESSAGE_LEN};
@@ -42,14 +42,7 @@ pub(super) struct Counters {
     pub(super) wakes: u64,
     pub(super) doorbells: u64,
     pub(super) ignored: u64,
-    /// Connections closed at once (too many applications, no peer credentials).
-    pub(super) refused_connections: u64,
-    /// Creates refused by a per-uid quota.
-    pub(super) refused_quota: u64,
-    /// Creates refused because the endpoint is another uid's.
-    pub(super) refused_endpoint: u64,
-    /// Creates refused for want of memory.
-    pub(super) refused_no_memory: u64,
+    pub(super) refused: Refusals,
 }
 
 /// Stops a running agent and reads its status from another thread.
@@ -291,7 +284,7 @@ impl Agent {
                 }
             };
             if self.apps.len() >= MAX_APPS {
-                self.counters.refused_connections += 1;
+                self.counters.refused.connections += 1;
                 debug!("{MAX_APPS} applications connected already; refusing another");
                 continue;
             }
@@ -299,7 +292,7 @@ impl Agent {
             let cred = match sock.peer_cred() {
                 Ok(c) => c,
                 Err(e) => {
-                    self.counters.refused_connections += 1;
+                    self.counters.refused.connections += 1;
                     debug!("application connection without peer credentials ({e}); closed");
                     continue;
                 }
@@ -559,10 +552,7 @@ impl Agent {
         s.wakes = self.counters.wakes;
         s.doorbells = self.counters.doorbells;
         s.ignored_frames = self.counters.ignored;
-        s.refused_connections = self.counters.refused_connections;
-        s.refused_quota = self.counters.refused_quota;
-        s.refused_endpoint = self.counters.refused_endpoint;
-        s.refused_no_memory = self.counters.refused_no_memory;
+        s.refused = self.counters.refused;
         s.users = self.usage_by_uid();
     }
 }

@@ -99,7 +99,10 @@ fn unicast_reaches_only_the_owner_intact() {
     assert!(fx.received(2).is_empty());
     assert!(fx.received(0).is_empty());
     let s = fx.ports[0].stats();
-    assert_eq!((s.tx_frames, s.tx_bytes), (1, frame.len() as u64));
+    assert_eq!(
+        (s.traffic.tx_frames, s.traffic.tx_bytes),
+        (1, frame.len() as u64)
+    );
     assert_eq!(s.drops.total(), 0);
 }
 
@@ -149,7 +152,7 @@ fn svnic_frames_go_to_the_engine_never_to_ports_even_behind_vlan_tags() {
         vec![(GuestId(1), direct), (GuestId(2), tagged)],
         "the source is the port, whatever the frame says"
     );
-    assert_eq!(fx.ports[0].stats().to_engine, 1);
+    assert_eq!(fx.ports[0].stats().traffic.to_engine, 1);
     assert_eq!(fx.ports[0].stats().drops.spoofed, 0);
 }
 
@@ -179,7 +182,7 @@ fn uplink_takes_unknown_unicast_and_broadcast() {
     );
     assert_eq!(fx.received(1), vec![bcast]);
     let s = fx.ports[0].stats();
-    assert_eq!((s.to_uplink, s.drops.unknown_unicast), (2, 0));
+    assert_eq!((s.traffic.to_uplink, s.drops.unknown_unicast), (2, 0));
 }
 
 #[test]
@@ -317,7 +320,10 @@ fn engine_frames_get_past_a_flooded_rx_queue_and_are_delivered_first() {
     flood(20);
     assert!(fx.switch.inject(GuestId(2), &wake));
     let s = fx.ports[1].stats();
-    assert_eq!((s.rx_queued, s.engine_queued, s.engine_frames), (8, 2, 2));
+    assert_eq!(
+        (s.rx_queued, s.engine_queued, s.traffic.engine_frames),
+        (8, 2, 2)
+    );
     assert_eq!(s.drops.rx_queue_full, 32);
     assert_eq!(s.drops.engine_queue_full, 0);
 
@@ -337,7 +343,10 @@ fn a_wake_for_a_channel_with_one_waiting_is_coalesced() {
         inject(&f);
     }
     let s = fx.ports[1].stats();
-    assert_eq!((s.engine_frames, s.engine_wakes_coalesced), (3, 3));
+    assert_eq!(
+        (s.traffic.engine_frames, s.traffic.engine_wakes_coalesced),
+        (3, 3)
+    );
     assert_eq!(fx.received(1), [resp, wake(2, 5), wake(2, 6)]);
 
     // Delivered: the next wake is queued again. A wake at the front may already be on its way
@@ -345,7 +354,7 @@ fn a_wake_for_a_channel_with_one_waiting_is_coalesced() {
     for _ in 0..3 {
         inject(&wake(2, 5));
     }
-    assert_eq!(fx.ports[1].stats().engine_wakes_coalesced, 4);
+    assert_eq!(fx.ports[1].stats().traffic.engine_wakes_coalesced, 4);
     assert_eq!(fx.received(1), [wake(2, 5), wake(2, 5)]);
 }
 

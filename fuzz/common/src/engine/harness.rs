@@ -36,7 +36,7 @@ use svnic_channels::{
 use svnic_client::{Channel, Completions};
 
 use super::guests::{check_fill, fill, fixture, Fixture, GUEST_MEM};
-use super::hostile::Hostile;
+use super::hostile::{Heads, Hostile};
 use super::input::{
     Attacker, Head, Op, Peer, Ring, Script, Slot, SlotBody, Target, MAX_BURST, MAX_OPS,
 };
@@ -176,8 +176,8 @@ impl Run<'_> {
                     buf: a.data(buf),
                 })
                 .encode();
-                a.write_slot(Ring::Post, a.post_head, &raw);
-                a.post_head = a.post_head.wrapping_add(1);
+                a.write_slot(Ring::Post, a.heads.post, &raw);
+                a.heads.post = a.heads.post.wrapping_add(1);
             }
             Op::Publish { chan, doorbell } => {
                 let a = &self.a[index(chan)];
@@ -245,8 +245,8 @@ impl Run<'_> {
                 let a = &self.a[index(chan)];
                 let delta = u32::from(*delta);
                 match head {
-                    Head::Tx => a.store(header::TX_HEAD, a.tx_head.wrapping_add(delta)),
-                    Head::Post => a.store(header::POST_HEAD, a.post_head.wrapping_add(delta)),
+                    Head::Tx => a.store(header::TX_HEAD, a.heads.tx.wrapping_add(delta)),
+                    Head::Post => a.store(header::POST_HEAD, a.heads.post.wrapping_add(delta)),
                 }
             }
             Op::Burst { chan, slots } => {
@@ -255,7 +255,7 @@ impl Run<'_> {
                     self.a[index(chan)].push_tx(&raw);
                 }
                 let a = &self.a[index(chan)];
-                a.store(header::TX_HEAD, a.tx_head);
+                a.store(header::TX_HEAD, a.heads.tx);
                 self.f.engine.doorbell(a.id);
             }
         }
@@ -423,8 +423,7 @@ fn run_one(f: &Fixture, script: &Script) {
         addr: f.attacker.addr(endpoint),
         region: f.attacker.region(at, ATTACKER_LEN),
         layout: al,
-        tx_head: 0,
-        post_head: 0,
+        heads: Heads::default(),
     };
     let a = [hostile(1, ATTACKER_AT[0]), hostile(2, ATTACKER_AT[1])];
     let v = &f.victim;

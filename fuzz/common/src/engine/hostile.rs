@@ -17,8 +17,15 @@ pub(super) struct Hostile {
     pub(super) addr: ChannelAddr,
     pub(super) region: SharedRegion,
     pub(super) layout: ChannelLayout,
-    pub(super) tx_head: u32,
-    pub(super) post_head: u32,
+    pub(super) heads: Heads,
+}
+
+/// The heads of the rings the attacker writes (TX and posted buffers), as it counts them; what
+/// it stores in the header may differ.
+#[derive(Debug, Default)]
+pub(super) struct Heads {
+    pub(super) tx: u32,
+    pub(super) post: u32,
 }
 
 impl Hostile {
@@ -40,13 +47,13 @@ impl Hostile {
 
     /// Writes `raw` at the TX head, which only [`Hostile::publish`] makes visible.
     pub(super) fn push_tx(&mut self, raw: &RawMessage) {
-        self.write_slot(Ring::Tx, self.tx_head, raw);
-        self.tx_head = self.tx_head.wrapping_add(1);
+        self.write_slot(Ring::Tx, self.heads.tx, raw);
+        self.heads.tx = self.heads.tx.wrapping_add(1);
     }
 
     pub(super) fn publish(&self) {
-        self.store(header::TX_HEAD, self.tx_head);
-        self.store(header::POST_HEAD, self.post_head);
+        self.store(header::TX_HEAD, self.heads.tx);
+        self.store(header::POST_HEAD, self.heads.post);
     }
 
     fn offset(&self, o: &Offset) -> u64 {
@@ -108,8 +115,8 @@ impl Hostile {
 
     pub(super) fn value(&self, v: &Value) -> u32 {
         match v {
-            Value::TxHeadPlus(n) => self.tx_head.wrapping_add(u32::from(*n)),
-            Value::PostHeadPlus(n) => self.post_head.wrapping_add(u32::from(*n)),
+            Value::TxHeadPlus(n) => self.heads.tx.wrapping_add(u32::from(*n)),
+            Value::PostHeadPlus(n) => self.heads.post.wrapping_add(u32::from(*n)),
             Value::RingTimes(n) => ATTACKER_RING.wrapping_mul(u32::from(*n)),
             Value::NearMax(n) => u32::MAX - u32::from(*n),
             Value::Small(n) => u32::from(*n),

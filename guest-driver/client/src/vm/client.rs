@@ -97,12 +97,13 @@ pub struct AgentInfo {
     pub max_channels: u32,
 }
 
+#[derive(Debug)]
 struct Incoming {
     resp: Response,
     fds: Vec<OwnedFd>,
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Io {
     next_token: u32,
     stash: VecDeque<Incoming>,
@@ -117,6 +118,7 @@ impl Io {
     }
 }
 
+#[derive(Debug)]
 struct Inner {
     sock: SeqPacket,
     path: PathBuf,
@@ -124,15 +126,6 @@ struct Inner {
     io: Mutex<Io>,
     wakes: Mutex<HashMap<u32, Arc<Event>>>,
     warned: AtomicBool,
-}
-
-impl std::fmt::Debug for Inner {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AgentConnection")
-            .field("path", &self.path)
-            .field("info", &self.info)
-            .finish()
-    }
 }
 
 /// A connection to the guest agent. Cheap to clone. The connection (and with it every channel

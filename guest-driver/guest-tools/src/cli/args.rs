@@ -126,18 +126,27 @@ impl Common {
     }
 }
 
+/// Where a sending tool (ping, perf) sends, and how much per message.
+#[derive(Debug, Args)]
+pub struct Target {
+    /// The responder (ping: an echo, perf: a sink): MAC/ENDPOINT (user, dma), MAC (frame),
+    /// IP:PORT (udp).
+    #[arg(long)]
+    pub peer: String,
+    /// Payload bytes per message [default: 32; dma 4096; user at most 40].
+    #[arg(long)]
+    pub size: Option<usize>,
+}
+
 /// `svnic-guest ping`.
 #[derive(Debug, Args)]
 pub struct PingArgs {
     /// Common options.
     #[command(flatten)]
     pub common: Common,
-    /// The echo: MAC/ENDPOINT (user, dma), MAC (frame), IP:PORT (udp).
-    #[arg(long)]
-    pub peer: String,
-    /// Payload bytes per message [default: 32; dma 4096].
-    #[arg(long)]
-    pub size: Option<usize>,
+    /// The echo to ping, and what to send it.
+    #[command(flatten)]
+    pub target: Target,
     /// Round trips.
     #[arg(long, default_value_t = 1000)]
     pub count: usize,
@@ -163,12 +172,9 @@ pub struct PerfArgs {
     /// Common options.
     #[command(flatten)]
     pub common: Common,
-    /// The sink: MAC/ENDPOINT (user, dma), MAC (frame), IP:PORT (udp).
-    #[arg(long)]
-    pub peer: String,
-    /// Payload bytes per message [default: 32; dma 4096; user at most 40].
-    #[arg(long)]
-    pub size: Option<usize>,
+    /// The sink to stream to, and what to send it.
+    #[command(flatten)]
+    pub target: Target,
     /// Messages to send.
     #[arg(long, default_value_t = 100_000)]
     pub count: u64,

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use svnic_channels::{ChannelAddr, MacAddr};
 
-use super::args::{Command, Common, EchoArgs, PathKind, PerfArgs, PingArgs, SinkArgs};
+use super::args::{Command, Common, EchoArgs, PathKind, PerfArgs, PingArgs, SinkArgs, Target};
 use super::frames::{with_frame_port, FrameRunner};
 use super::transport::Transport;
 use super::{CliError, Outcome, Report};
@@ -80,7 +80,10 @@ fn kind_of(path: PathKind) -> PingKind {
     }
 }
 
-fn check_size(path: PathKind, size: usize) -> Result<(), CliError> {
+/// The payload size a sending tool uses on `path`: `--size`, or the path's default; checked
+/// against what the path carries.
+fn payload_size(path: PathKind, t: &Target) -> Result<usize, CliError> {
+    let size = t.size.unwrap_or(path.default_size());
     let max = match path {
         PathKind::User => svnic_channels::message::INLINE_CAPACITY,
         PathKind::Dma => 1 << 20,
@@ -93,7 +96,7 @@ fn check_size(path: PathKind, size: usize) -> Result<(), CliError> {
             path.name()
         )));
     }
-    Ok(())
+    Ok(size)
 }
 
 /// `MAC/ENDPOINT` (or `MAC`, endpoint 1).
@@ -245,19 +248,20 @@ fn with_ready_udp<T>(
 
 fn ping(a: &PingArgs) -> Result<Report, CliError> {
     let c = &a.common;
-    let size = a.size.unwrap_or(c.path.default_size());
-    check_size(c.path, size)?;
+    let size = payload_size(c.path, &a.target)?;
     let (local, peer, stats) = match c.path {
-        PathKind::User | PathKind::Dma => with_channel_peer(c, &a.peer, "echo", |ch, peer, w| {
-            channel_ping(ch, peer, kind_of(c.path), size, a.count, w)
-                .map_err(|e| CliError::failed("ping", e))
-        })?,
-        PathKind::Frame => with_frame_peer(c, &a.peer, "echo", |p, peer| {
+        PathKind::User | PathKind::Dma => {
+            with_channel_peer(c, &a.target.peer, "echo", |ch, peer, w| {
+                channel_ping(ch, peer, kind_of(c.path), size, a.count, w)
+                    .map_err(|e| CliError::failed("ping", e))
+            })?
+        }
+        PathKind::Frame => with_frame_peer(c, &a.target.peer, "echo", |p, peer| {
             p.ping(peer, size, a.count)
                 .map_err(|e| CliError::failed("ping", e))?
                 .ok_or_else(|| CliError::failed("ping", "a reply never came"))
         })?,
-        PathKind::Udp => with_udp_peer(c, &a.peer, "echo", |sock, peer| {
+        PathKind::Udp => with_udp_peer(c, &a.target.peer, "echo", |sock, peer| {
             udp_ping(sock, peer, size, a.count)
                 .map_err(|e| CliError::failed("ping", e))?
                 .ok_or_else(|| CliError::failed("ping", "a reply never came"))
@@ -330,26 +334,27 @@ fn timed(
 
 fn perf(a: &PerfArgs) -> Result<Report, CliError> {
     let c = &a.common;
-    let size = a.size.unwrap_or(c.path.default_size());
-    check_size(c.path, size)?;
+    let size = payload_size(c.path, &a.target)?;
     let (local, peer, t) = match c.path {
-        PathKind::User | PathKind::Dma => with_channel_peer(c, &a.peer, "sink", |ch, peer, w| {
-            timed(a.count, size, || {
-                let sent = if c.path == PathKind::User {
-                    channel_stream_send(ch, peer, size, a.count)
-                } else {
-                    channel_dma_stream_send(ch, peer, size, a.count, w)
-                };
-                sent.map_err(|e| CliError::failed("stream", e))
-            })
-        })?,
-        PathKind::Frame => with_frame_peer(c, &a.peer, "sink", |p, peer| {
+        PathKind::User | PathKind::Dma => {
+            with_channel_peer(c, &a.target.peer, "sink", |ch, peer, w| {
+                timed(a.count, size, || {
+                    let sent = if c.path == PathKind::User {
+                        channel_stream_send(ch, peer, size, a.count)
+                    } else {
+                        channel_dma_stream_send(ch, peer, size, a.count, w)
+                    };
+                    sent.map_err(|e| CliError::failed("stream", e))
+                })
+            })?
+        }
+        PathKind::Frame => with_frame_peer(c, &a.target.peer, "sink", |p, peer| {
             timed(a.count, size, || {
                 p.send(peer, size, a.count)
                     .map_err(|e| CliError::failed("stream", e))
             })
         })?,
-        PathKind::Udp => with_udp_peer(c, &a.peer, "sink", |sock, peer| {
+        PathKind::Udp => with_udp_peer(c, &a.target.peer, "sink", |sock, peer| {
             let size = size.max(8);
             timed(a.count, size, || {
                 udp_stream_send(sock, peer, size, a.count)
@@ -427,8 +432,13 @@ mod tests {
         assert!(parse_mac("nope").is_err());
         assert!(parse_socket_addr("10.0.0.2:7777").is_ok());
         assert!(parse_socket_addr("10.0.0.2").is_err());
-        assert!(check_size(PathKind::User, 40).is_ok());
-        assert!(check_size(PathKind::User, 41).is_err());
-        assert!(check_size(PathKind::Udp, 100_000).is_err());
+        let size = |size| Target {
+            peer: String::new(),
+            size,
+        };
+        assert_eq!(payload_size(PathKind::User, &size(Some(40))).unwrap(), 40);
+        assert!(payload_size(PathKind::User, &size(Some(41))).is_err());
+        assert!(payload_size(PathKind::Udp, &size(Some(100_000))).is_err());
+        assert_eq!(payload_size(PathKind::Dma, &size(None)).unwrap(), 4096);
     }
 }

@@ -115,22 +115,10 @@ pub fn udp_echo(
     first_within: Duration,
     idle: Duration,
 ) -> io::Result<usize> {
-    let mut buf = [0u8; 2048];
-    let mut echoed = 0;
-    while echoed < count {
-        let wait = if echoed == 0 { first_within } else { idle };
-        let Some((n, from)) = recv_within(sock, &mut buf, wait)? else {
-            break;
-        };
-        let Some(seq) = seq_of(&buf[..n]) else {
-            continue;
-        };
-        sock.send_to(&buf[..n], from)?;
-        if seq != UDP_PROBE_SEQ {
-            echoed += 1;
-        }
-    }
-    Ok(echoed)
+    let echoed = respond(sock, count as u64, first_within, idle, |d, from| {
+        sock.send_to(d, from).map(drop)
+    })?;
+    Ok(echoed as usize)
 }
 
 /// Streams `count` datagrams of `size` bytes to `peer` as fast as the socket takes them.
@@ -164,33 +152,53 @@ pub fn udp_stream_recv(
     first_within: Duration,
     idle: Duration,
 ) -> io::Result<Throughput> {
-    let mut buf = [0u8; 2048];
-    let (mut got, mut bytes) = (0u64, 0u64);
+    let mut bytes = 0u64;
     let mut first: Option<Instant> = None;
     let mut last = Instant::now();
+    let messages = respond(sock, count, first_within, idle, |d, _| {
+        last = Instant::now();
+        first.get_or_insert(last);
+        bytes += d.len() as u64;
+        Ok(())
+    })?;
+    Ok(Throughput {
+        messages,
+        bytes,
+        elapsed: first.map_or(Duration::ZERO, |f| last.duration_since(f)),
+    })
+}
+
+/// A responder's receive loop: sends probes back (uncounted), hands every other datagram with a
+/// sequence number to `on_data` with its sender, and ignores the rest; until `count` were
+/// handed over, or nothing came for `idle` after the first (waiting up to `first_within` for
+/// it). Returns how many were handed over.
+fn respond(
+    sock: &UdpSocket,
+    count: u64,
+    first_within: Duration,
+    idle: Duration,
+    mut on_data: impl FnMut(&[u8], SocketAddr) -> io::Result<()>,
+) -> io::Result<u64> {
+    let mut buf = [0u8; 2048];
+    let mut got = 0;
     while got < count {
-        let wait = if first.is_some() { idle } else { first_within };
+        let wait = if got == 0 { first_within } else { idle };
         let Some((n, from)) = recv_within(sock, &mut buf, wait)? else {
             break;
         };
-        match seq_of(&buf[..n]) {
+        let d = &buf[..n];
+        match seq_of(d) {
             Some(UDP_PROBE_SEQ) => {
-                sock.send_to(&buf[..n], from)?;
+                sock.send_to(d, from)?;
             }
             Some(_) => {
-                first.get_or_insert_with(Instant::now);
-                last = Instant::now();
+                on_data(d, from)?;
                 got += 1;
-                bytes += n as u64;
             }
             None => {}
         }
     }
-    Ok(Throughput {
-        messages: got,
-        bytes,
-        elapsed: first.map_or(Duration::ZERO, |f| last.duration_since(f)),
-    })
+    Ok(got)
 }
 
 #[cfg(test)]

@@ -205,12 +205,7 @@ fn an_application_gone_while_its_create_is_pending_gets_the_channel_destroyed() 
     );
     let free = h.memory.free_bytes();
     let raw = Raw::connect(&h);
-    raw.send(Request::Create {
-        token: 1,
-        endpoint: 4,
-        ring_size: 256,
-    });
-    assert!(matches!(raw.recv().0, Response::Region { .. }));
+    raw.region(1, 4);
     raw.send(Request::Mapped { token: 1 });
     assert!(matches!(raw.recv().0, Response::Pending { token: 1 }));
     drop(raw);
@@ -233,12 +228,7 @@ fn memory_passed_but_never_registered_is_freed_on_cancel_or_disconnect() {
     let free = h.memory.free_bytes();
     let raw = Raw::connect(&h);
     for token in [1, 2] {
-        raw.send(Request::Create {
-            token,
-            endpoint: token,
-            ring_size: 256,
-        });
-        assert!(matches!(raw.recv().0, Response::Region { .. }));
+        raw.region(token, token);
     }
     assert_eq!(h.memory.free_bytes(), free - 2 * HUGEPAGE);
     raw.send(Request::Cancel { token: 1 });

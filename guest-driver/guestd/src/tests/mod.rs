@@ -440,16 +440,25 @@ impl Raw {
         }
     }
 
-    /// Create + Mapped without mapping; returns (token, answer).
-    fn create(&self, token: u32, endpoint: u32) -> Response {
+    /// Create, answered with a Region for `token` and its three descriptors (memory, wake,
+    /// doorbell); not followed by Mapped.
+    fn region(&self, token: u32, endpoint: u32) {
         self.send(Request::Create {
             token,
             endpoint,
             ring_size: 256,
         });
         let (r, fds) = self.recv();
-        assert!(matches!(r, Response::Region { .. }), "{r:?}");
+        assert!(
+            matches!(r, Response::Region { token: t, .. } if t == token),
+            "{r:?}"
+        );
         assert_eq!(fds.len(), 3);
+    }
+
+    /// Create + Mapped without mapping; returns (token, answer).
+    fn create(&self, token: u32, endpoint: u32) -> Response {
+        self.region(token, endpoint);
         self.send(Request::Mapped { token });
         loop {
             match self.recv().0 {

@@ -51,7 +51,7 @@ fn assert_quota_refused(
 ) {
     assert_eq!(refused(create).0, AgentFailure::UidChannelQuota);
     wait_until("the refusals counted", || {
-        h.status().refused_quota == refusals
+        h.status().refused.quota == refusals
     });
     assert_eq!(usage(h, A).channels, 2);
 }
@@ -91,7 +91,7 @@ fn the_uids_channel_quota_refuses_naming_the_limit_until_the_engine_acknowledged
         );
     }
     // The status is published after each turn of the agent's loop, so it may lag an answer.
-    wait_until("two refusals counted", || h.status().refused_quota == 2);
+    wait_until("two refusals counted", || h.status().refused.quota == 2);
     assert_eq!(usage(&h, A).channels, 2);
     // Another user has its own quota.
     let b = Raw::connect_as(&h, B).unwrap();
@@ -117,12 +117,7 @@ fn the_uids_hugepage_quota_counts_memory_passed_but_not_yet_registered() {
         return;
     };
     // A Region not yet answered with Mapped already spends the quota.
-    a.send(Request::Create {
-        token: 1,
-        endpoint: 1,
-        ring_size: 256,
-    });
-    assert!(matches!(a.recv().0, Response::Region { token: 1, .. }));
+    a.region(1, 1);
     wait_until("the region charged", || usage(&h, A).memory == HUGEPAGE);
     let (why, detail) = refused(a.try_create(2, 2));
     assert_eq!(why, AgentFailure::UidMemoryQuota);
@@ -176,7 +171,7 @@ fn an_endpoint_reserved_for_another_uid_is_refused_and_root_may_claim_it() {
         detail.contains("reserved for uid 65533 (--endpoints-for-uid 65533=100-199)"),
         "{detail}"
     );
-    wait_until("the refusal counted", || h.status().refused_endpoint == 1);
+    wait_until("the refusal counted", || h.status().refused.endpoint == 1);
     b.try_create(1, 150).unwrap();
     // Outside the range: anyone.
     a.try_create(2, 200).unwrap();
@@ -222,12 +217,7 @@ fn two_uids_cannot_hold_one_endpoint_even_before_the_engine_hears_of_it() {
     let Some((h, a, b)) = users_a_and_b("uid-race", UserPolicy::default()) else {
         return;
     };
-    a.send(Request::Create {
-        token: 1,
-        endpoint: 9,
-        ring_size: 256,
-    });
-    assert!(matches!(a.recv().0, Response::Region { token: 1, .. }));
+    a.region(1, 9);
     // A holds endpoint 9 from the moment its memory was passed.
     assert_eq!(refused(b.try_create(1, 9)).0, AgentFailure::EndpointOwned);
     // Given back unregistered: free for B.
