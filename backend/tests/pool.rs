@@ -3,7 +3,7 @@
 //! child processes), and the operator's view over the admin socket as `svnic ctl` asks it.
 #![allow(clippy::unwrap_used)]
 
-use std::io::{BufRead, Read};
+use std::io::Read;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 use svnic_backend::admin::{query, AdminRequest, AdminResponse, GuestView, PoolView};
 use svnic_backend::config::{DaemonConfig, EngineOverrides};
 use svnic_backend::daemon::{AdminSocket, Daemon};
-use svnic_channels::{ChannelAddr, MacAddr, Message};
+use svnic_channels::{ChannelAddr, MacAddr};
 use svnic_client::{Channel, Completions};
 use svnic_host_frontend::HostGuest;
-use svnic_tests::daemon_fixture::{recv_messages, GUEST_MEMORY};
-use svnic_tests::daemon_proc::ScratchDir;
+use svnic_tests::daemon_fixture::{assert_numbered_user_data, recv_messages, GUEST_MEMORY};
+use svnic_tests::daemon_proc::{spawn_test_child, KillOnDrop, ScratchDir};
 use svnic_tests::wait::wait_until;
 
 const T: Duration = Duration::from_secs(10);
@@ -134,15 +134,7 @@ fn send_and_check(a: &mut Channel, b: &mut Channel, gb: &HostGuest, to: ChannelA
     a.flush().unwrap();
     let got = recv_messages(b, gb, n as usize, T);
     assert_eq!(got.len() as u64, n, "{got:?}");
-    for (i, m) in got.iter().enumerate() {
-        let Message::UserData(u) = m else {
-            panic!("{m:?}")
-        };
-        assert_eq!(
-            (u.cookie, u.data(), u.peer),
-            (i as u64, &(i as u64).to_le_bytes()[..], a.addr())
-        );
-    }
+    assert_numbered_user_data(&got, a.addr());
 }
 
 fn effective_uid() -> u32 {
@@ -233,42 +225,15 @@ fn child_pool_member() {
     std::thread::sleep(Duration::from_secs(60));
 }
 
-/// A child member process, killed and reaped when dropped.
-struct Child(std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Starts a child member on `sock`; returns it once it has its channel, with its MAC.
-fn spawn_member(sock: &Path) -> (Child, String) {
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_pool_member",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("SVNIC_POOL_CHILD_SOCKET", sock)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let out = child.stdout.take().unwrap();
-    let child = Child(child);
-    let mac = std::io::BufReader::new(out)
-        .lines()
-        .map_while(Result::ok)
-        // libtest may print "test child_pool_member ... " before it on the same line.
-        .find_map(|l| {
-            l.split_once("CHILD-READY ")
-                .map(|(_, mac)| mac.trim().to_string())
-        })
-        .expect("the child member did not come up");
-    (child, mac)
+fn spawn_member(sock: &Path) -> (KillOnDrop, String) {
+    spawn_test_child(
+        "child_pool_member",
+        "SVNIC_POOL_CHILD_SOCKET",
+        sock.as_os_str(),
+        "CHILD-READY ",
+    )
+    .unwrap()
 }
 
 #[test]
