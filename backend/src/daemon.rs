@@ -23,7 +23,7 @@ use crate::frame_handler::{FrameHandler, FrameOut};
 use crate::net::{
     ListenerError, PortEvents, PortId, PortListener, StopSignal, Switch, SwitchConfig, SwitchError,
 };
-use crate::pool::{Pool, PoolContext};
+use crate::pool::{Pool, PoolContext, PoolError};
 use crate::sockets::SocketError;
 
 /// Why the daemon could not start.
@@ -46,7 +46,7 @@ pub enum DaemonError {
     Io(#[from] std::io::Error),
     /// A pool's socket could not be served.
     #[error("{0}")]
-    Pool(String),
+    Pool(#[from] PoolError),
 }
 
 /// What the switch reports, turned into engine and frame-handler calls.
@@ -186,7 +186,7 @@ impl Daemon {
                 frame_handler: frame_handler.clone(),
                 stop: stop.clone(),
             };
-            let (pool, thread) = crate::pool::start(p, ctx).map_err(DaemonError::Pool)?;
+            let (pool, thread) = crate::pool::start(p, ctx)?;
             daemon.listeners.push(thread);
             pools.push(pool);
         }

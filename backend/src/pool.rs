@@ -14,13 +14,37 @@ use std::thread::JoinHandle;
 use log::{info, warn, Level};
 use svnic_channels::MacAddr;
 use svnic_control_plane::{log_limited, GuestId};
+use thiserror::Error;
 
 use crate::config::PoolConfig;
 use crate::engine::Engine;
 use crate::frame_handler::FrameHandler;
 use crate::net::listener::{serve_connection, Rendezvous};
-use crate::net::{PortListener, StopSignal, Switch, SwitchPort};
+use crate::net::{ListenerError, PortListener, StopSignal, Switch, SwitchPort};
 use crate::sockets::peer_credentials;
+
+/// Why a pool could not start.
+#[derive(Debug, Error)]
+pub enum PoolError {
+    /// Its socket could not be bound.
+    #[error("pool '{name}': {source}")]
+    Socket {
+        /// The pool.
+        name: String,
+        /// The cause.
+        #[source]
+        source: ListenerError,
+    },
+    /// Its listener thread could not be started.
+    #[error("pool '{name}': cannot start its listener thread: {source}")]
+    Spawn {
+        /// The pool.
+        name: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
 
 /// One live member of a pool.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,9 +130,14 @@ pub(crate) struct PoolContext {
 pub(crate) fn start(
     config: &PoolConfig,
     ctx: PoolContext,
-) -> Result<(Arc<Pool>, JoinHandle<()>), String> {
-    let listener = PortListener::bind_with(&config.socket, &config.access)
-        .map_err(|e| format!("pool '{}': {e}", config.name))?;
+) -> Result<(Arc<Pool>, JoinHandle<()>), PoolError> {
+    let name = config.name.clone();
+    let listener = PortListener::bind_with(&config.socket, &config.access).map_err(|source| {
+        PoolError::Socket {
+            name: name.clone(),
+            source,
+        }
+    })?;
     let pool = Arc::new(Pool {
         config: config.clone(),
         members: Mutex::new(BTreeMap::new()),
@@ -118,14 +147,9 @@ pub(crate) fn start(
     });
     let served = Arc::clone(&pool);
     let thread = std::thread::Builder::new()
-        .name(format!("svnic-pool-{}", config.name))
+        .name(format!("svnic-pool-{name}"))
         .spawn(move || serve(&served, &listener, &ctx))
-        .map_err(|e| {
-            format!(
-                "pool '{}': cannot start its listener thread: {e}",
-                config.name
-            )
-        })?;
+        .map_err(|source| PoolError::Spawn { name, source })?;
     Ok((pool, thread))
 }
 
@@ -198,7 +222,7 @@ fn admit(pool: &Arc<Pool>, ctx: &PoolContext, frontend: UnixStream) -> Option<Jo
     pool.accepted.fetch_add(1, Ordering::Relaxed);
     let (served, ctx2) = (Arc::clone(pool), ctx.clone());
     let spawned = std::thread::Builder::new()
-        .name(format!("svnic-pool-{}", port.id().0))
+        .name(format!("svnic-member-{}", port.id().0))
         .spawn(move || {
             serve_member(&served, &ctx2, &port, frontend);
             release(&served, &ctx2, offset);
@@ -221,11 +245,10 @@ fn add_guest(
     pid: Option<i32>,
     uid: Option<u32>,
 ) -> Result<(Member, Arc<SwitchPort>), String> {
-    let policy = pool
-        .config
-        .member_policy(offset)
-        .ok_or_else(|| format!("MAC offset {offset} is outside {}", pool.config.macs))?;
-    let (name, mac) = (policy.name.clone(), policy.macs[0]);
+    let outside = || format!("MAC offset {offset} is outside {}", pool.config.macs);
+    let mac = pool.config.macs.get(offset).ok_or_else(outside)?;
+    let policy = pool.config.member_policy(offset).ok_or_else(outside)?;
+    let name = policy.name.clone();
     let id = ctx
         .engine
         .register_guest(policy, None)
@@ -242,7 +265,9 @@ fn add_guest(
             return Err(e);
         }
     };
-    info!(
+    // Connecting processes decide how often this happens: rate-limited, as are the releases.
+    log_limited!(
+        Level::Info,
         "pool '{}': guest '{name}' ({id}, {mac}) for pid {}",
         pool.config.name,
         pid.map_or_else(|| "?".to_string(), |p| p.to_string())
@@ -282,5 +307,5 @@ fn release(pool: &Pool, ctx: &PoolContext, offset: u64) {
         warn!("pool '{}': {id}: {e}", pool.config.name);
     }
     pool.lock().remove(&offset);
-    info!("pool '{}': {id} released", pool.config.name);
+    log_limited!(Level::Info, "pool '{}': {id} released", pool.config.name);
 }

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use svnic_backend::admin::{query, AdminRequest, AdminResponse, GuestView, PoolView};
 use svnic_backend::config::{DaemonConfig, EngineOverrides};
-use svnic_backend::daemon::{AdminSocket, Daemon};
+use svnic_backend::daemon::{AdminSocket, Daemon, DaemonError};
+use svnic_backend::pool::PoolError;
 use svnic_channels::{ChannelAddr, MacAddr};
 use svnic_client::{Channel, Completions};
 use svnic_host_frontend::HostGuest;
@@ -350,4 +351,28 @@ fn shutdown_releases_every_member_and_removes_the_socket() {
     assert!(!socket.exists() && !admin.exists());
     // The member's connection was ended by the daemon: its requests now fail.
     assert!(g.create_channel(2, 64, Duration::from_secs(2)).is_err());
+}
+
+#[test]
+fn a_pool_socket_that_cannot_be_bound_stops_the_start_naming_the_pool() {
+    let dir = ScratchDir::new("pool-bad").unwrap();
+    let spec = format!(
+        "name=ranks,socket={},macs={RANGE},max=2",
+        dir.path().join("missing/ranks.sock").display()
+    );
+    let cfg = DaemonConfig::load_with_pools(
+        None,
+        &[],
+        &[spec],
+        &EngineOverrides::default(),
+        Some(dir.path().join("admin.sock")),
+    )
+    .unwrap();
+    let e = Daemon::start(&cfg, AdminSocket::Serve).unwrap_err();
+    assert!(
+        matches!(&e, DaemonError::Pool(PoolError::Socket { name, .. }) if name == "ranks"),
+        "{e}"
+    );
+    assert!(e.to_string().starts_with("pool 'ranks': "), "{e}");
+    assert!(!dir.path().join("admin.sock").exists());
 }
