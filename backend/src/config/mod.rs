@@ -1,7 +1,7 @@
 //! Daemon configuration: guests (`--guest name=..,socket=..,mac=..` or `[[guest]]` in a TOML
-//! file), guest pools (`--pool name=..,socket=..,macs=..,max=..` or `[[pool]]`), who may reach their sockets, and
-//! engine settings. Everything is validated before
-//! anything starts; an error names the field and the value.
+//! file), guest pools (`--pool name=..,socket=..,macs=..,max=..` or `[[pool]]`), who may reach
+//! their sockets, and engine settings. Everything is validated before anything starts; an error
+//! names the field and the value.
 
 use std::collections::HashSet;
 use std::ops::RangeInclusive;
