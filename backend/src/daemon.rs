@@ -2,7 +2,7 @@
 //! between them, and the admin socket. `svnic serve` and `svnic demo` both run this.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
@@ -15,7 +15,7 @@ use vm_memory::GuestMemoryMmap;
 
 use crate::admin::{
     AdminOptions, AdminRequest, AdminResponse, AdminServer, AdminSource, ChannelView, EngineView,
-    GuestView, WorkerView,
+    GuestView, PoolView, WorkerView,
 };
 use crate::config::DaemonConfig;
 use crate::engine::{Engine, EngineError, RunState};
@@ -23,6 +23,7 @@ use crate::frame_handler::{FrameHandler, FrameOut};
 use crate::net::{
     ListenerError, PortEvents, PortId, PortListener, StopSignal, Switch, SwitchConfig, SwitchError,
 };
+use crate::pool::{Pool, PoolContext, PoolError};
 use crate::sockets::SocketError;
 
 /// Why the daemon could not start.
@@ -43,6 +44,9 @@ pub enum DaemonError {
     /// The stop signal could not be created.
     #[error("stop signal: {0}")]
     Io(#[from] std::io::Error),
+    /// A pool's socket could not be served.
+    #[error("{0}")]
+    Pool(#[from] PoolError),
 }
 
 /// What the switch reports, turned into engine and frame-handler calls.
@@ -112,12 +116,14 @@ pub struct Daemon {
     listeners: Vec<JoinHandle<()>>,
     admin: Option<AdminServer>,
     guests: Arc<Vec<GuestEntry>>,
+    pools: Arc<Vec<Arc<Pool>>>,
 }
 
 impl std::fmt::Debug for Daemon {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Daemon")
             .field("guests", &self.guests.len())
+            .field("pools", &self.pools.len())
             .finish()
     }
 }
@@ -144,6 +150,7 @@ impl Daemon {
             listeners: Vec::new(),
             admin: None,
             guests: Arc::new(Vec::new()),
+            pools: Arc::new(Vec::new()),
         };
         for g in &config.guests {
             let policy = g.policy.clone();
@@ -171,13 +178,21 @@ impl Daemon {
             });
         }
         daemon.guests = Arc::new(guests);
+        let mut pools = Vec::new();
+        for p in &config.pools {
+            let ctx = PoolContext {
+                engine: engine.clone(),
+                switch: switch.clone(),
+                frame_handler: frame_handler.clone(),
+                stop: stop.clone(),
+            };
+            let (pool, thread) = crate::pool::start(p, ctx)?;
+            daemon.listeners.push(thread);
+            pools.push(pool);
+        }
+        daemon.pools = Arc::new(pools);
         if admin == AdminSocket::Serve {
-            let view = Arc::new(DaemonView {
-                engine,
-                switch,
-                frame_handler,
-                guests: daemon.guests.clone(),
-            });
+            let view = Arc::new(daemon.view_parts());
             let options = AdminOptions {
                 access: config.admin_access(),
                 ..AdminOptions::default()
@@ -200,13 +215,23 @@ impl Daemon {
         &self.switch
     }
 
+    /// The guest pools, in configuration order.
+    pub fn pools(&self) -> &[Arc<Pool>] {
+        &self.pools
+    }
+
     /// What `svnic ctl` would see.
     pub fn view(&self) -> impl AdminSource {
+        self.view_parts()
+    }
+
+    fn view_parts(&self) -> DaemonView {
         DaemonView {
             engine: self.engine.clone(),
             switch: self.switch.clone(),
             frame_handler: self.frame_handler.clone(),
             guests: self.guests.clone(),
+            pools: self.pools.clone(),
         }
     }
 
@@ -269,6 +294,7 @@ struct DaemonView {
     switch: Arc<Switch>,
     frame_handler: Arc<FrameHandler>,
     guests: Arc<Vec<GuestEntry>>,
+    pools: Arc<Vec<Arc<Pool>>>,
 }
 
 impl AdminSource for DaemonView {
@@ -282,26 +308,61 @@ impl AdminSource for DaemonView {
                     .into_iter()
                     .map(|s| (s.port, s))
                     .collect();
-                let guests = self
+                let row = |id: GuestId, name: &str, macs: &[MacAddr], socket: &Path| {
+                    let s = stats.get(&id);
+                    GuestView {
+                        name: name.to_string(),
+                        macs: macs.iter().map(|m| m.to_string()).collect(),
+                        socket: socket.display().to_string(),
+                        connected: s.is_some_and(|s| s.link_up),
+                        channels: self.engine.control_plane().live_channels_of(id).len(),
+                        frames_in: s.map_or(0, |s| s.traffic.tx_frames),
+                        frames_out: s.map_or(0, |s| s.traffic.rx_frames),
+                        drops: s.map_or(0, |s| s.drops.total()),
+                        refused_peers: 0,
+                        pool: None,
+                        peer_pid: None,
+                        peer_uid: None,
+                    }
+                };
+                let mut guests: Vec<GuestView> = self
                     .guests
                     .iter()
-                    .map(|g| {
-                        let s = stats.get(&g.id);
-                        GuestView {
-                            name: g.name.clone(),
-                            macs: g.macs.iter().map(|m| m.to_string()).collect(),
-                            socket: g.socket.display().to_string(),
-                            connected: s.is_some_and(|s| s.link_up),
-                            channels: self.engine.control_plane().live_channels_of(g.id).len(),
-                            frames_in: s.map_or(0, |s| s.traffic.tx_frames),
-                            frames_out: s.map_or(0, |s| s.traffic.rx_frames),
-                            drops: s.map_or(0, |s| s.drops.total()),
-                            refused_peers: g.refused_peers.load(Relaxed),
-                        }
+                    .map(|g| GuestView {
+                        refused_peers: g.refused_peers.load(Relaxed),
+                        ..row(g.id, &g.name, &g.macs, &g.socket)
                     })
                     .collect();
+                for pool in self.pools.iter() {
+                    let config = pool.config();
+                    guests.extend(pool.members().into_iter().map(|m| GuestView {
+                        pool: Some(config.name.clone()),
+                        peer_pid: m.pid,
+                        peer_uid: m.uid,
+                        ..row(m.id, &m.name, &[m.mac], &config.socket)
+                    }));
+                }
                 AdminResponse::Guests { guests }
             }
+            AdminRequest::Pools => AdminResponse::Pools {
+                pools: self
+                    .pools
+                    .iter()
+                    .map(|pool| {
+                        let (config, stats) = (pool.config(), pool.stats());
+                        PoolView {
+                            name: config.name.clone(),
+                            socket: config.socket.display().to_string(),
+                            macs: config.macs.to_string(),
+                            max: config.max,
+                            live: stats.live,
+                            accepted: stats.accepted,
+                            refused_full: stats.refused_full,
+                            refused_peers: stats.refused_peers,
+                        }
+                    })
+                    .collect(),
+            },
             AdminRequest::Channels => {
                 let channels = self
                     .engine

@@ -4,6 +4,7 @@
 //!   teardown).
 //! - [`frame_handler`]: svnic frames from guests (control requests, doorbells) to the engine, and
 //!   its responses and wakes back.
+//! - [`pool`]: guest pools, where every connecting process becomes a guest of its own.
 //!
 //! The binaries around it stay thin.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
@@ -15,6 +16,7 @@ pub mod daemon;
 pub mod engine;
 pub mod frame_handler;
 pub mod net;
+pub mod pool;
 pub mod sockets;
 
 pub use engine::{

@@ -12,7 +12,8 @@ use svnic_backend::config::EngineOverrides;
 use svnic_channels::frame::ControlStatus;
 use svnic_channels::{ChannelAddr, CompletionStatus, DataRef, FailureReason, MacAddr, Message};
 use svnic_host_frontend::HostGuest;
-use svnic_tests::daemon_fixture::{recv_messages, DaemonFixture};
+use svnic_tests::daemon_fixture::{assert_numbered_user_data, recv_messages, DaemonFixture};
+use svnic_tests::daemon_proc::{spawn_test_child, KillOnDrop};
 use svnic_tests::fake_guest::post_flushed;
 use svnic_tests::frames::{create_op as create, eth, mac_in};
 use svnic_tests::logs;
@@ -144,15 +145,7 @@ fn user_data_and_dma_data_between_two_host_process_guests_intact_and_in_order() 
         a.flush().unwrap();
         got.extend(recv(&mut b, &gb, 1));
     }
-    for (i, m) in got.iter().enumerate() {
-        let Message::UserData(u) = m else {
-            panic!("{m:?}")
-        };
-        assert_eq!(
-            (u.cookie, u.data(), u.peer),
-            (i as u64, &(i as u64).to_le_bytes()[..], a.addr())
-        );
-    }
+    assert_numbered_user_data(&got, a.addr());
     // DMA-data: 100 KiB, copied into a posted buffer, COMPLETE, with a completion for the sender.
     let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
     let (da, db) = (a.layout().data_offset, b.layout().data_offset);
@@ -246,46 +239,27 @@ fn child_guest_process() {
 }
 
 /// A child guest process, killed and reaped when dropped (even if the test fails first).
-struct ChildGuest(std::process::Child);
+struct ChildGuest(KillOnDrop);
 
 impl ChildGuest {
     fn alive(&mut self) -> bool {
-        self.0.try_wait().unwrap().is_none()
+        self.0 .0.try_wait().unwrap().is_none()
     }
     fn kill(&mut self) {
-        let _ = self.0.kill(); // SIGKILL
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for ChildGuest {
-    fn drop(&mut self) {
-        self.kill();
+        let _ = self.0 .0.kill(); // SIGKILL
+        let _ = self.0 .0.wait();
     }
 }
 
 fn spawn_child(sock: &Path) -> ChildGuest {
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_guest_process",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("SVNIC_E2E_CHILD_SOCKET", sock)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let out = child.stdout.take().unwrap();
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(out));
-    let mut child = ChildGuest(child);
-    assert!(
-        lines.any(|l| l.is_ok_and(|l| l.contains("CHILD-READY"))),
-        "child guest did not come up"
-    );
-    assert!(child.alive(), "child guest exited after coming up");
-    child
+    let (child, _) = spawn_test_child(
+        "child_guest_process",
+        "SVNIC_E2E_CHILD_SOCKET",
+        sock.as_os_str(),
+        "CHILD-READY",
+    )
+    .unwrap();
+    ChildGuest(child)
 }
 
 #[test]

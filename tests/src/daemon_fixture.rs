@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use svnic_backend::config::{DaemonConfig, EngineOverrides};
 use svnic_backend::daemon::{AdminSocket, Daemon};
-use svnic_channels::{MacAddr, Message};
+use svnic_channels::{ChannelAddr, MacAddr, Message};
 use svnic_client::Channel;
 use svnic_host_frontend::HostGuest;
 
@@ -93,4 +93,18 @@ pub fn recv_messages(ch: &mut Channel, g: &HostGuest, n: usize, timeout: Duratio
             .unwrap();
     }
     out
+}
+
+/// Checks that `got` are user-data messages from `from` numbered from 0: message i has cookie i
+/// and the 8 bytes of i (little-endian) as its data.
+pub fn assert_numbered_user_data(got: &[Message], from: ChannelAddr) {
+    for (i, m) in got.iter().enumerate() {
+        let Message::UserData(u) = m else {
+            panic!("message {i}: {m:?}")
+        };
+        assert_eq!(
+            (u.cookie, u.data(), u.peer),
+            (i as u64, &(i as u64).to_le_bytes()[..], from)
+        );
+    }
 }

@@ -118,6 +118,42 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// Runs test `test` of the running test binary alone in a child process, with `var` set to
+/// `value` (which tells the test it is the child, and what to do), killed when dropped. Returns
+/// once the child printed a line with `ready` in it, with what follows `ready` on that line
+/// (libtest may print its own "test NAME ... " before it on the same line).
+pub fn spawn_test_child(
+    test: &str,
+    var: &str,
+    value: &std::ffi::OsStr,
+    ready: &str,
+) -> Result<(KillOnDrop, String), String> {
+    let exe = std::env::current_exe().map_err(|e| format!("the test binary: {e}"))?;
+    let mut cmd = Command::new(exe);
+    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(var, value)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    kill_with_parent(&mut cmd);
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start {test}: {e}"))?;
+    let out = child.stdout.take();
+    let mut child = KillOnDrop(child);
+    let rest = out.and_then(|out| {
+        io::BufRead::lines(io::BufReader::new(out))
+            .map_while(Result::ok)
+            .find_map(|l| l.split_once(ready).map(|(_, rest)| rest.trim().to_string()))
+    });
+    let Some(rest) = rest else {
+        return Err(format!("{test}: the child never printed {ready:?}"));
+    };
+    if !matches!(child.0.try_wait(), Ok(None)) {
+        return Err(format!("{test}: the child exited after printing {ready:?}"));
+    }
+    Ok((child, rest))
+}
+
 /// The `svnic` binary: `$SVNIC_BIN` if set, else [`workspace_binary`]`("svnic", "svnic")`.
 pub fn svnic_binary() -> Result<PathBuf, String> {
     if let Some(bin) = std::env::var_os("SVNIC_BIN") {

@@ -21,8 +21,10 @@ pub use server::{
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case")]
 pub enum AdminRequest {
-    /// Every configured guest.
+    /// Every configured guest and every live pool member.
     Guests,
+    /// Every guest pool.
+    Pools,
     /// Every channel the control plane remembers.
     Channels,
     /// Engine-wide counters.
@@ -50,6 +52,36 @@ pub struct GuestView {
     pub drops: u64,
     /// Frontends refused by the socket's uid allow-list.
     #[serde(default)]
+    pub refused_peers: u64,
+    /// The pool it is a member of (none: a configured guest).
+    #[serde(default)]
+    pub pool: Option<String>,
+    /// A pool member's process id, as the kernel recorded it at connect.
+    #[serde(default)]
+    pub peer_pid: Option<i32>,
+    /// A pool member's uid.
+    #[serde(default)]
+    pub peer_uid: Option<u32>,
+}
+
+/// One guest pool, as the operator sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolView {
+    /// Name.
+    pub name: String,
+    /// Its socket.
+    pub socket: String,
+    /// Its MAC range, FIRST-LAST.
+    pub macs: String,
+    /// Members at once.
+    pub max: u32,
+    /// Members live now.
+    pub live: usize,
+    /// Connections that became members since start.
+    pub accepted: u64,
+    /// Connections closed at once because the pool was full.
+    pub refused_full: u64,
+    /// Connections refused by the socket's uid allow-list.
     pub refused_peers: u64,
 }
 
@@ -142,6 +174,11 @@ pub enum AdminResponse {
     Guests {
         /// The guests.
         guests: Vec<GuestView>,
+    },
+    /// Answer to [`AdminRequest::Pools`].
+    Pools {
+        /// The pools.
+        pools: Vec<PoolView>,
     },
     /// Answer to [`AdminRequest::Channels`].
     Channels {
@@ -255,6 +292,9 @@ pub fn render(resp: &AdminResponse) -> String {
                 "FRAMES-OUT",
                 "DROPS",
                 "REFUSED",
+                "POOL",
+                "PID",
+                "UID",
             ],
             &guests
                 .iter()
@@ -269,6 +309,29 @@ pub fn render(resp: &AdminResponse) -> String {
                         g.frames_out.to_string(),
                         g.drops.to_string(),
                         g.refused_peers.to_string(),
+                        opt(&g.pool),
+                        opt(&g.peer_pid),
+                        opt(&g.peer_uid),
+                    ]
+                })
+                .collect::<Vec<_>>(),
+        ),
+        AdminResponse::Pools { pools } => table(
+            &[
+                "NAME", "SOCKET", "MACS", "MAX", "LIVE", "ACCEPTED", "FULL", "REFUSED",
+            ],
+            &pools
+                .iter()
+                .map(|p| {
+                    vec![
+                        p.name.clone(),
+                        p.socket.clone(),
+                        p.macs.clone(),
+                        p.max.to_string(),
+                        p.live.to_string(),
+                        p.accepted.to_string(),
+                        p.refused_full.to_string(),
+                        p.refused_peers.to_string(),
                     ]
                 })
                 .collect::<Vec<_>>(),
@@ -373,6 +436,9 @@ mod tests {
                         frames_out: 11,
                         drops: 0,
                         refused_peers: 0,
+                        pool: None,
+                        peer_pid: None,
+                        peer_uid: None,
                     }],
                 },
                 _ => AdminResponse::Error {

@@ -1,6 +1,7 @@
 //! Daemon configuration: guests (`--guest name=..,socket=..,mac=..` or `[[guest]]` in a TOML
-//! file), who may reach their sockets, and engine settings. Everything is validated before
-//! anything starts; an error names the field and the value.
+//! file), guest pools (`--pool name=..,socket=..,macs=..,max=..` or `[[pool]]`), who may reach
+//! their sockets, and engine settings. Everything is validated before anything starts; an error
+//! names the field and the value.
 
 use std::collections::HashSet;
 use std::ops::RangeInclusive;
@@ -14,6 +15,10 @@ use thiserror::Error;
 
 use crate::engine::{EngineConfig, Placement};
 use crate::sockets::{parse_mode, SocketAccess, DEFAULT_SOCKET_MODE};
+
+mod pool;
+
+pub use pool::{member_name, MacRange, PoolConfig, MAX_POOL_GUESTS};
 
 /// A configuration error: what, where, and what is expected.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -50,8 +55,8 @@ pub enum ConfigError {
         /// The shared value.
         value: String,
     },
-    /// No guest configured.
-    #[error("no guest configured: give at least one --guest or [[guest]]")]
+    /// No guest and no pool configured.
+    #[error("no guest configured: give at least one --guest, [[guest]], --pool or [[pool]]")]
     NoGuests,
 }
 
@@ -110,6 +115,8 @@ pub struct GuestConfig {
 pub struct DaemonConfig {
     /// Guests, in order.
     pub guests: Vec<GuestConfig>,
+    /// Guest pools, in order.
+    pub pools: Vec<PoolConfig>,
     /// Engine settings.
     pub engine: EngineConfig,
     /// The operator socket `svnic ctl` talks to.
@@ -202,60 +209,14 @@ impl GuestConfig {
     /// `allow_uids` continue over the following parts that have no `=`.
     pub fn parse_spec(spec: &str) -> Result<Self, ConfigError> {
         let ctx = format!("--guest {spec}");
-        let mut g = GuestFields::default();
+        let (g, own) = parse_parts(&ctx, spec, &["mac"], "mac")?;
         let mut mac = None;
-        let mut last_key = "";
-        for part in spec.split(',').filter(|p| !p.is_empty()) {
-            let Some((k, v)) = part.split_once('=') else {
-                if last_key == "allow_uids" {
-                    let uid = parse_id(&ctx, "allow_uids", part)?;
-                    g.allow_uids.get_or_insert_with(Vec::new).push(uid);
-                    continue;
-                }
-                return Err(field_err(&ctx, part, "", "key=value"));
-            };
-            last_key = k;
-            match k {
-                "name" => g.name = Some(v.to_string()),
-                "socket" => g.socket = Some(PathBuf::from(v)),
-                "mac" => mac = Some(parse_mac(&ctx, v)?),
-                "endpoints" => g.endpoints = Some(parse_endpoints(&ctx, v)?),
-                "channels" => {
-                    g.channels = Some(
-                        v.parse::<u32>()
-                            .map_err(|_| field_err(&ctx, k, v, "a positive integer"))?,
-                    )
-                }
-                "max_region_mib" => {
-                    g.max_region_mib = Some(
-                        v.parse::<u64>()
-                            .map_err(|_| field_err(&ctx, k, v, "an integer (MiB)"))?,
-                    )
-                }
-                "create_burst" => g.create_burst = Some(parse_count(&ctx, k, v)?),
-                "creates_per_sec" => g.creates_per_sec = Some(parse_count(&ctx, k, v)?),
-                "socket_mode" => g.socket_mode = Some(parse_socket_mode(&ctx, k, v)?),
-                "socket_group" => g.socket_group = Some(parse_id(&ctx, k, v)?),
-                "allow_uids" => {
-                    let list = g.allow_uids.get_or_insert_with(Vec::new);
-                    if !v.is_empty() {
-                        list.push(parse_id(&ctx, k, v)?);
-                    }
-                }
-                other => {
-                    return Err(field_err(
-                        &ctx,
-                        other,
-                        v,
-                        "one of name, socket, mac, endpoints, channels, max_region_mib, \
-                         create_burst, creates_per_sec, socket_mode, socket_group, allow_uids",
-                    ))
-                }
-            }
+        for (_, v) in own {
+            mac = Some(parse_mac(&ctx, &v)?);
         }
         let name = g
             .name
-            .take()
+            .clone()
             .ok_or_else(|| field_err(&ctx, "name", "", "required"))?;
         if g.socket.is_none() {
             return Err(field_err(&ctx, "socket", "", "required"));
@@ -265,48 +226,85 @@ impl GuestConfig {
     }
 
     fn build(ctx: &str, name: String, mac: MacAddr, g: GuestFields) -> Result<Self, ConfigError> {
-        let mut policy = GuestPolicy::new(name.clone(), mac);
-        if let Some(e) = g.endpoints {
-            policy.endpoints = e;
-        }
-        if let Some(c) = g.channels {
-            policy.max_channels = c;
-        }
-        if let Some(m) = g.max_region_mib {
-            policy.max_region_len = m.saturating_mul(1 << 20);
-        }
-        if let Some(b) = g.create_burst {
-            policy.create_burst = b;
-        }
-        if let Some(r) = g.creates_per_sec {
-            policy.creates_per_sec = r;
-        }
-        policy.validate().map_err(|e| {
-            field_err(
-                &format!("guest '{name}'"),
-                "policy",
-                &e.to_string(),
-                "a valid guest policy",
-            )
-        })?;
-        let socket = g.socket.unwrap_or_default();
+        let policy = g.policy(&format!("guest '{name}'"), name.clone(), mac)?;
+        let socket = g.socket.clone().unwrap_or_default();
         if socket.as_os_str().is_empty() {
             return Err(field_err(&name, "socket", "", "a path"));
         }
-        if let Some(uids) = &g.allow_uids {
-            check_ids(ctx, "allow_uids", uids)?;
-        }
-        let access = SocketAccess {
-            mode: g.socket_mode.unwrap_or(DEFAULT_SOCKET_MODE),
-            group: g.socket_group,
-            allow_uids: g.allow_uids,
-        };
+        let access = g.access(ctx)?;
         Ok(GuestConfig {
             socket,
             policy,
             access,
         })
     }
+}
+
+/// The parts of a `--guest` or `--pool` spec: `key=value` separated by commas; the uids of
+/// `allow_uids` continue over the following parts that have no `=`. The policy and socket keys
+/// are parsed into the fields; `own` keys are returned as given, in order, for the caller to
+/// parse (`own_expected` lists them for the unknown-key error).
+fn parse_parts(
+    ctx: &str,
+    spec: &str,
+    own: &[&str],
+    own_expected: &str,
+) -> Result<(GuestFields, Vec<(String, String)>), ConfigError> {
+    let mut g = GuestFields::default();
+    let mut own_values = Vec::new();
+    let mut last_key = "";
+    for part in spec.split(',').filter(|p| !p.is_empty()) {
+        let Some((k, v)) = part.split_once('=') else {
+            if last_key == "allow_uids" {
+                let uid = parse_id(ctx, "allow_uids", part)?;
+                g.allow_uids.get_or_insert_with(Vec::new).push(uid);
+                continue;
+            }
+            return Err(field_err(ctx, part, "", "key=value"));
+        };
+        last_key = k;
+        match k {
+            "name" => g.name = Some(v.to_string()),
+            "socket" => g.socket = Some(PathBuf::from(v)),
+            "endpoints" => g.endpoints = Some(parse_endpoints(ctx, v)?),
+            "channels" => {
+                g.channels = Some(
+                    v.parse::<u32>()
+                        .map_err(|_| field_err(ctx, k, v, "a positive integer"))?,
+                )
+            }
+            "max_region_mib" => {
+                g.max_region_mib = Some(
+                    v.parse::<u64>()
+                        .map_err(|_| field_err(ctx, k, v, "an integer (MiB)"))?,
+                )
+            }
+            "create_burst" => g.create_burst = Some(parse_count(ctx, k, v)?),
+            "creates_per_sec" => g.creates_per_sec = Some(parse_count(ctx, k, v)?),
+            "socket_mode" => g.socket_mode = Some(parse_socket_mode(ctx, k, v)?),
+            "socket_group" => g.socket_group = Some(parse_id(ctx, k, v)?),
+            "allow_uids" => {
+                let list = g.allow_uids.get_or_insert_with(Vec::new);
+                if !v.is_empty() {
+                    list.push(parse_id(ctx, k, v)?);
+                }
+            }
+            other if own.contains(&other) => own_values.push((k.to_string(), v.to_string())),
+            other => {
+                return Err(field_err(
+                    ctx,
+                    other,
+                    v,
+                    &format!(
+                        "one of name, socket, {own_expected}, endpoints, channels, \
+                         max_region_mib, create_burst, creates_per_sec, socket_mode, \
+                         socket_group, allow_uids"
+                    ),
+                ))
+            }
+        }
+    }
+    Ok((g, own_values))
 }
 
 /// The optional fields of a guest, from `--guest` or `[[guest]]`.
@@ -324,12 +322,54 @@ struct GuestFields {
     allow_uids: Option<Vec<u32>>,
 }
 
+impl GuestFields {
+    /// The policy of a guest `name` owning `mac`, with these fields' limits; `ctx` names the
+    /// guest (or pool) in the error.
+    fn policy(&self, ctx: &str, name: String, mac: MacAddr) -> Result<GuestPolicy, ConfigError> {
+        let mut policy = GuestPolicy::new(name, mac);
+        if let Some(e) = &self.endpoints {
+            policy.endpoints = e.clone();
+        }
+        if let Some(c) = self.channels {
+            policy.max_channels = c;
+        }
+        if let Some(m) = self.max_region_mib {
+            policy.max_region_len = m.saturating_mul(1 << 20);
+        }
+        if let Some(b) = self.create_burst {
+            policy.create_burst = b;
+        }
+        if let Some(r) = self.creates_per_sec {
+            policy.creates_per_sec = r;
+        }
+        policy
+            .validate()
+            .map_err(|e| field_err(ctx, "policy", &e.to_string(), "a valid guest policy"))?;
+        Ok(policy)
+    }
+
+    /// Who may reach the socket.
+    fn access(&self, ctx: &str) -> Result<SocketAccess, ConfigError> {
+        if let Some(uids) = &self.allow_uids {
+            check_ids(ctx, "allow_uids", uids)?;
+        }
+        Ok(SocketAccess {
+            mode: self.socket_mode.unwrap_or(DEFAULT_SOCKET_MODE),
+            group: self.socket_group,
+            allow_uids: self.allow_uids.clone(),
+        })
+    }
+}
+
+/// A `[[guest]]` or a `[[pool]]` of the file: a guest has `mac`, a pool `macs` and `max`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileGuest {
     name: String,
     socket: PathBuf,
-    mac: String,
+    mac: Option<String>,
+    macs: Option<String>,
+    max: Option<u32>,
     endpoints: Option<String>,
     channels: Option<u32>,
     max_region_mib: Option<u64>,
@@ -338,6 +378,52 @@ struct FileGuest {
     socket_mode: Option<String>,
     socket_group: Option<u32>,
     allow_uids: Option<Vec<u32>>,
+}
+
+impl FileGuest {
+    /// The fields common to guests and pools; `foreign` are the keys of the other kind, refused.
+    fn fields(self, ctx: &str, foreign: &[&'static str]) -> Result<GuestFields, ConfigError> {
+        let given = [
+            ("mac", self.mac.clone()),
+            ("macs", self.macs.clone()),
+            ("max", self.max.map(|m| m.to_string())),
+        ];
+        for (key, value) in given {
+            if let (true, Some(v)) = (foreign.contains(&key), value) {
+                let expected = if key == "mac" {
+                    "only in a [[guest]]: a pool has macs and max"
+                } else {
+                    "only in a [[pool]]: a guest has one mac"
+                };
+                return Err(field_err(ctx, key, &v, expected));
+            }
+        }
+        let endpoints = self
+            .endpoints
+            .as_deref()
+            .map(|e| parse_endpoints(ctx, e))
+            .transpose()?;
+        let socket_mode = self
+            .socket_mode
+            .as_deref()
+            .map(|m| parse_socket_mode(ctx, "socket_mode", m))
+            .transpose()?;
+        if let Some(gid) = self.socket_group {
+            check_id(ctx, "socket_group", gid)?;
+        }
+        Ok(GuestFields {
+            name: Some(self.name),
+            socket: Some(self.socket),
+            endpoints,
+            channels: self.channels,
+            max_region_mib: self.max_region_mib,
+            create_burst: self.create_burst,
+            creates_per_sec: self.creates_per_sec,
+            socket_mode,
+            socket_group: self.socket_group,
+            allow_uids: self.allow_uids,
+        })
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -362,6 +448,8 @@ struct FileConfig {
     engine: FileEngine,
     #[serde(default)]
     guest: Vec<FileGuest>,
+    #[serde(default)]
+    pool: Vec<FileGuest>,
 }
 
 /// Engine settings given on the command line (each overrides the file).
@@ -389,6 +477,17 @@ impl DaemonConfig {
         overrides: &EngineOverrides,
         admin_socket: Option<PathBuf>,
     ) -> Result<Self, ConfigError> {
+        Self::load_with_pools(file, guest_specs, &[], overrides, admin_socket)
+    }
+
+    /// [`Self::load`] with `--pool` specs.
+    pub fn load_with_pools(
+        file: Option<&Path>,
+        guest_specs: &[String],
+        pool_specs: &[String],
+        overrides: &EngineOverrides,
+        admin_socket: Option<PathBuf>,
+    ) -> Result<Self, ConfigError> {
         let parsed = match file {
             Some(path) => {
                 let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
@@ -405,41 +504,32 @@ impl DaemonConfig {
         let mut guests = Vec::new();
         for g in parsed.guest {
             let ctx = format!("guest '{}'", g.name);
-            let mac = parse_mac(&ctx, &g.mac)?;
-            let endpoints = g
-                .endpoints
-                .as_deref()
-                .map(|e| parse_endpoints(&ctx, e))
-                .transpose()?;
-            let socket_mode = g
-                .socket_mode
-                .as_deref()
-                .map(|m| parse_socket_mode(&ctx, "socket_mode", m))
-                .transpose()?;
-            if let Some(gid) = g.socket_group {
-                check_id(&ctx, "socket_group", gid)?;
-            }
-            let fields = GuestFields {
-                name: None,
-                socket: Some(g.socket),
-                endpoints,
-                channels: g.channels,
-                max_region_mib: g.max_region_mib,
-                create_burst: g.create_burst,
-                creates_per_sec: g.creates_per_sec,
-                socket_mode,
-                socket_group: g.socket_group,
-                allow_uids: g.allow_uids,
-            };
-            guests.push(GuestConfig::build(&ctx, g.name, mac, fields)?);
+            let mac = g.mac.clone();
+            let fields = g.fields(&ctx, &["macs", "max"])?;
+            let mac = mac.ok_or_else(|| field_err(&ctx, "mac", "", "required"))?;
+            let mac = parse_mac(&ctx, &mac)?;
+            let name = fields.name.clone().unwrap_or_default();
+            guests.push(GuestConfig::build(&ctx, name, mac, fields)?);
         }
         for spec in guest_specs {
             guests.push(GuestConfig::parse_spec(spec)?);
         }
-        if guests.is_empty() {
+        let mut pools = Vec::new();
+        for p in parsed.pool {
+            let ctx = format!("pool '{}'", p.name);
+            let (macs, max) = (p.macs.clone(), p.max);
+            let fields = p.fields(&ctx, &["mac"])?;
+            let macs = macs.map(|m| pool::MacRange::parse(&ctx, &m)).transpose()?;
+            pools.push(PoolConfig::build(&ctx, fields, macs, max)?);
+        }
+        for spec in pool_specs {
+            pools.push(PoolConfig::parse_spec(spec)?);
+        }
+        if guests.is_empty() && pools.is_empty() {
             return Err(ConfigError::NoGuests);
         }
         check_unique(&guests)?;
+        pool::check_pools(&guests, &pools)?;
 
         let fe = parsed.engine;
         let mut engine = EngineConfig::default();
@@ -472,6 +562,7 @@ impl DaemonConfig {
             .map_err(|e| engine_field_err(ctx, &e, &engine))?;
         let mut config = DaemonConfig {
             guests,
+            pools,
             engine,
             admin_socket: admin_socket
                 .or(parsed.admin_socket)

@@ -328,3 +328,281 @@ fn engine_errors_name_the_configuration_key_and_its_unit() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+fn load_pools(guests: &[&str], pools: &[&str]) -> Result<DaemonConfig, ConfigError> {
+    let guests: Vec<String> = guests.iter().map(|s| s.to_string()).collect();
+    let pools: Vec<String> = pools.iter().map(|s| s.to_string()).collect();
+    DaemonConfig::load_with_pools(None, &guests, &pools, &EngineOverrides::default(), None)
+}
+
+fn mac(s: &str) -> MacAddr {
+    s.parse().unwrap()
+}
+
+#[test]
+fn a_pool_spec_parses_with_its_range_limit_and_policy() {
+    let c = load_pools(
+        &[],
+        &["name=ranks,socket=/tmp/r.sock,macs=52:54:00:10:00:00/24,max=64,channels=8,endpoints=1-99,socket_mode=0660,allow_uids=0,1000"],
+    )
+    .unwrap();
+    assert!(c.guests.is_empty());
+    let p = &c.pools[0];
+    assert_eq!((p.name.as_str(), p.max), ("ranks", 64));
+    assert_eq!(p.socket, PathBuf::from("/tmp/r.sock"));
+    // From the base to the end of its 24-bit prefix.
+    assert_eq!(p.macs.len(), 0xf0_0000);
+    assert_eq!(p.macs.to_string(), "52:54:00:10:00:00-52:54:00:ff:ff:ff");
+    assert!(p.macs.contains(mac("52:54:00:ff:ff:ff")));
+    assert!(!p.macs.contains(mac("52:54:00:0f:ff:ff")));
+    assert!(!p.macs.contains(mac("52:54:01:00:00:00")));
+    assert_eq!(
+        (p.access.mode, p.access.allow_uids.as_deref()),
+        (0o660, Some(&[0, 1000][..]))
+    );
+    let m = p.member_policy(0x102).unwrap();
+    assert_eq!(m.name, "ranks-258");
+    assert_eq!(m.macs, vec![mac("52:54:00:10:01:02")]);
+    assert_eq!((m.max_channels, m.endpoints.clone()), (8, 1..=99));
+    assert_eq!(p.member_policy(0xf0_0000), None);
+
+    let r = load_pools(
+        &[],
+        &["name=r,socket=/r,macs=02:00:00:00:00:fe-02:00:00:00:01:01,max=4"],
+    )
+    .unwrap();
+    let macs = r.pools[0].macs;
+    assert_eq!(macs.len(), 4);
+    assert_eq!(macs.get(2), Some(mac("02:00:00:00:01:00")));
+    assert_eq!(macs.get(4), None);
+}
+
+#[test]
+fn each_bad_pool_field_is_named_with_its_value() {
+    let base = "name=r,socket=/r.sock";
+    let cases = [
+        (format!("{base},macs=zz/24,max=1"), "macs", "zz/24"),
+        (
+            format!("{base},macs=52:54:00:10:00:00/7,max=1"),
+            "macs",
+            "52:54:00:10:00:00/7",
+        ),
+        (
+            format!("{base},macs=52:54:00:10:00:00/49,max=1"),
+            "macs",
+            "52:54:00:10:00:00/49",
+        ),
+        (
+            format!("{base},macs=53:54:00:10:00:00/24,max=1"),
+            "macs",
+            "53:54:00:10:00:00/24",
+        ),
+        (
+            format!("{base},macs=52:54:00:00:00:09-52:54:00:00:00:01,max=1"),
+            "macs",
+            "52:54:00:00:00:09-52:54:00:00:00:01",
+        ),
+        (
+            format!("{base},macs=52:54:00:00:00:01-54:54:00:00:00:01,max=1"),
+            "macs",
+            "52:54:00:00:00:01-54:54:00:00:00:01",
+        ),
+        (
+            format!("{base},macs=52:54:00:00:00:00/40,max=0"),
+            "max",
+            "0",
+        ),
+        (
+            format!("{base},macs=52:54:00:00:00:00/40,max=257"),
+            "max",
+            "257",
+        ),
+        (
+            format!("{base},macs=52:54:00:00:00:00/16,max=1025"),
+            "max",
+            "1025",
+        ),
+        (
+            format!("{base},macs=52:54:00:00:00:00/40,max=x"),
+            "max",
+            "x",
+        ),
+        (format!("{base},max=4"), "macs", ""),
+        (format!("{base},macs=52:54:00:00:00:00/40"), "max", ""),
+        (
+            "socket=/r.sock,macs=52:54:00:00:00:00/40,max=4".to_string(),
+            "name",
+            "",
+        ),
+        (
+            "name=r,macs=52:54:00:00:00:00/40,max=4".to_string(),
+            "socket",
+            "",
+        ),
+        (
+            format!("{base},macs=52:54:00:00:00:00/40,max=4,mac=52:54:00:00:00:01"),
+            "mac",
+            "52:54:00:00:00:01",
+        ),
+        (
+            format!("{base},macs=52:54:00:00:00:00/40,max=4,channels=y"),
+            "channels",
+            "y",
+        ),
+    ];
+    for (spec, field, value) in cases {
+        match load_pools(&[], &[&spec]) {
+            Err(ConfigError::Field {
+                field: f, value: v, ..
+            }) => assert_eq!((f.as_str(), v.as_str()), (field, value), "{spec}"),
+            other => panic!("{spec}: {other:?}"),
+        }
+    }
+    // A member name too long for a guest name is refused through the pool's policy.
+    let long = "p".repeat(60);
+    match load_pools(
+        &[],
+        &[&format!(
+            "name={long},socket=/r,macs=52:54:00:00:00:00/32,max=4"
+        )],
+    ) {
+        Err(ConfigError::Field { context, field, .. }) => {
+            assert_eq!(
+                (context.as_str(), field.as_str()),
+                (&*format!("pool '{long}'"), "policy")
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn pools_may_not_overlap_each_other_or_the_guests() {
+    let guest = "name=vm1,socket=/g.sock,mac=52:54:00:10:00:05";
+    let range = "macs=52:54:00:10:00:00/40,max=4";
+    let cases = [
+        (
+            vec![guest],
+            vec![format!("name=a,socket=/a.sock,{range}")],
+            "macs",
+            "52:54:00:10:00:00-52:54:00:10:00:ff",
+        ),
+        (
+            vec![guest],
+            vec![format!(
+                "name=a,socket=/g.sock,macs=52:54:00:20:00:00/40,max=4"
+            )],
+            "socket",
+            "/g.sock",
+        ),
+        (
+            vec!["name=a-3,socket=/g.sock,mac=52:54:00:30:00:01"],
+            vec![format!("name=a,socket=/a.sock,{range}")],
+            "name",
+            "a",
+        ),
+        (
+            vec![],
+            vec![
+                format!("name=a,socket=/a.sock,{range}"),
+                "name=b,socket=/b.sock,macs=52:54:00:10:00:80-52:54:00:10:01:10,max=4".into(),
+            ],
+            "macs",
+            "52:54:00:10:00:80-52:54:00:10:01:10",
+        ),
+        (
+            vec![],
+            vec![
+                format!("name=a,socket=/a.sock,{range}"),
+                "name=b,socket=/a.sock,macs=52:54:00:20:00:00/40,max=4".into(),
+            ],
+            "socket",
+            "/a.sock",
+        ),
+        (
+            vec![],
+            vec![
+                format!("name=a,socket=/a.sock,{range}"),
+                "name=a,socket=/b.sock,macs=52:54:00:20:00:00/40,max=4".into(),
+            ],
+            "name",
+            "a",
+        ),
+    ];
+    for (guests, pools, field, value) in cases {
+        let pools: Vec<&str> = pools.iter().map(String::as_str).collect();
+        match load_pools(&guests, &pools) {
+            Err(ConfigError::Field {
+                field: f, value: v, ..
+            }) => assert_eq!(
+                (f.as_str(), v.as_str()),
+                (field, value),
+                "{guests:?} {pools:?}"
+            ),
+            other => panic!("{guests:?} {pools:?}: {other:?}"),
+        }
+    }
+    // Neighbours that do not overlap are fine, and a guest named like no member.
+    let c = load_pools(
+        &[guest, "name=a-x,socket=/h.sock,mac=52:54:00:30:00:01"],
+        &[
+            "name=a,socket=/a.sock,macs=52:54:00:10:01:00/40,max=4",
+            "name=b,socket=/b.sock,macs=52:54:00:10:00:06-52:54:00:10:00:ff,max=4",
+        ],
+    )
+    .unwrap();
+    assert_eq!((c.guests.len(), c.pools.len()), (2, 2));
+}
+
+#[test]
+fn a_pool_loads_from_a_toml_file_and_guest_and_pool_keys_stay_apart() {
+    let dir = std::env::temp_dir().join(format!("svnic-cfg-pool-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pool = "[[pool]]\nname = \"ranks\"\nsocket = \"/tmp/ranks.sock\"\n";
+    let good = dir.join("good.toml");
+    std::fs::write(
+        &good,
+        format!(
+            "{pool}macs = \"52:54:00:10:00:00/24\"\nmax = 64\nchannels = 4\nallow_uids = [1000]\n"
+        ),
+    )
+    .unwrap();
+    let c = DaemonConfig::load(Some(&good), &[], &EngineOverrides::default(), None).unwrap();
+    let p = &c.pools[0];
+    assert_eq!(
+        (p.name.as_str(), p.max, p.policy.max_channels),
+        ("ranks", 64, 4)
+    );
+    assert_eq!(p.macs.get(0), Some(mac("52:54:00:10:00:00")));
+    assert_eq!(p.access.allow_uids.as_deref(), Some(&[1000][..]));
+    let guest =
+        "[[guest]]\nname = \"vm1\"\nsocket = \"/tmp/vm1.sock\"\nmac = \"52:54:00:00:00:01\"\n";
+    let bad_cases = [
+        (
+            format!("{pool}macs = \"52:54:00:10:00:00/24\"\nmax = 2000\n"),
+            "max = '2000'",
+        ),
+        (
+            format!("{pool}macs = \"52:54:00:10:00:00/99\"\nmax = 2\n"),
+            "macs = '52:54:00:10:00:00/99'",
+        ),
+        (
+            format!("{pool}mac = \"52:54:00:10:00:00\"\nmax = 2\n"),
+            "mac = '52:54:00:10:00:00'",
+        ),
+        (format!("{guest}max = 2\n"), "max = '2'"),
+        (
+            format!("{guest}macs = \"52:54:00:10:00:00/24\"\n"),
+            "macs = '52:54:00:10:00:00/24'",
+        ),
+        (
+            "[[guest]]\nname = \"vm1\"\nsocket = \"/tmp/vm1.sock\"\n".to_string(),
+            "mac = ''",
+        ),
+    ];
+    for (i, (text, what)) in bad_cases.iter().enumerate() {
+        let e = load_file_err(&dir, &format!("bad-pool{i}.toml"), text);
+        assert!(e.to_string().contains(what), "{text}: {e}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -13,6 +13,7 @@
 //! socket.
 
 use std::io;
+use std::ops::ControlFlow;
 use std::os::fd::AsFd;
 use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -167,14 +168,14 @@ impl std::fmt::Debug for PortListener {
 /// Where each connection's daemon accepts the [`Relay`]'s connection: vhost-user-backend's
 /// daemon serves only connections it accepts itself from a `Listener`. The socket lives in a
 /// private (0700) temporary directory, so only this user can reach it.
-struct Rendezvous {
+pub(crate) struct Rendezvous {
     listener: Listener,
     path: PathBuf,
     _dir: TempDir,
 }
 
 impl Rendezvous {
-    fn new() -> Result<Self, ListenerError> {
+    pub(crate) fn new() -> Result<Self, ListenerError> {
         let dir = TempDir::new_with_prefix(std::env::temp_dir().join("svnic-relay-"))
             .map_err(|e| ListenerError::Rendezvous(e.into()))?;
         let path = dir.as_path().join("daemon.sock");
@@ -241,31 +242,31 @@ impl PortListener {
         let id = port;
         switch.port(id).ok_or(ListenerError::UnknownPort(id))?;
         info!("{id}: vhost-user socket {:?} ready", self.path);
-        let is_stopped = || stop.is_stopped();
-        let watch = StopWatch {
-            fd: stop.inner.fd.as_raw_fd(),
-            is_stopped: &is_stopped,
-        };
-        let mut backoff = Backoff::default();
-        while let Some(frontend) =
-            next_connection(&mut backoff, self.listener.as_fd(), &watch, &id, || {
-                self.listener.accept().map(|(frontend, _)| frontend)
-            })
-            .map_err(|source| ListenerError::Poll { port: id, source })?
-        {
-            // Refused peers are closed before a byte of theirs is read.
-            if !self.peers.admits(&frontend, &id) {
-                continue;
-            }
+        let rendezvous = &mut self.rendezvous;
+        accept_each(&self.listener, &self.peers, stop, &id, |frontend| {
             // Looked up per connection: a port removed from the switch is no longer served.
             let Some(port) = switch.port(id) else {
                 refuse(id, "the port was removed from the switch");
-                break;
+                return ControlFlow::Break(());
             };
-            self.serve_connection(switch, &port, frontend, stop);
-        }
+            serve_connection(rendezvous, switch, &port, frontend, stop);
+            ControlFlow::Continue(())
+        })
+        .map_err(|source| ListenerError::Poll { port: id, source })?;
         info!("{id}: listener stopped");
         Ok(())
+    }
+
+    /// Accepts connections until `stop` is raised (or `serve` breaks), and hands each one the
+    /// peer allow-list admits to `serve`; refused peers are closed before a byte of theirs is
+    /// read. `socket` names the socket in log lines.
+    pub(crate) fn accept_each(
+        &self,
+        stop: &StopSignal,
+        socket: &dyn std::fmt::Display,
+        serve: impl FnMut(UnixStream) -> ControlFlow<()>,
+    ) -> io::Result<()> {
+        accept_each(&self.listener, &self.peers, stop, socket, serve)
     }
 
     /// [`Self::serve`] on a thread of its own; errors are logged.
@@ -284,52 +285,82 @@ impl PortListener {
             })
             .map_err(|source| ListenerError::Spawn { port, source })
     }
+}
 
-    /// Serves one accepted frontend with a fresh daemon and device until it goes away.
-    fn serve_connection(
-        &mut self,
-        switch: &Arc<Switch>,
-        port: &Arc<SwitchPort>,
-        frontend: UnixStream,
-        stop: &StopSignal,
-    ) {
-        let id = port.id();
-        let device = match NetDevice::new(Arc::clone(switch), Arc::clone(port)) {
-            Ok(d) => d,
-            Err(e) => return refuse(id, &format!("cannot create the device: {e}")),
-        };
-        let memory = GuestMemoryAtomic::new(GuestMemoryMmap::new());
-        let mut daemon =
-            match VhostUserDaemon::new(format!("svnic-port-{}", id.0), device.clone(), memory) {
-                Ok(d) => d,
-                Err(e) => {
-                    device.close_leaked_exit_fds();
-                    return refuse(id, &format!("cannot create the daemon: {e}"));
-                }
-            };
-        for handler in daemon.get_epoll_handlers() {
-            if let Err(e) =
-                handler.register_listener(device.wake_fd(), EventSet::IN, u64::from(WAKE_EVENT))
-            {
-                drop(daemon);
-                device.close_leaked_exit_fds();
-                return refuse(id, &format!("cannot watch the wake event: {e}"));
-            }
+/// [`PortListener::accept_each`] on the listener's parts, so that its caller may hold the rest.
+fn accept_each(
+    listener: &UnixListener,
+    peers: &PeerFilter,
+    stop: &StopSignal,
+    socket: &dyn std::fmt::Display,
+    mut serve: impl FnMut(UnixStream) -> ControlFlow<()>,
+) -> io::Result<()> {
+    let is_stopped = || stop.is_stopped();
+    let watch = StopWatch {
+        fd: stop.inner.fd.as_raw_fd(),
+        is_stopped: &is_stopped,
+    };
+    let mut backoff = Backoff::default();
+    while let Some(frontend) =
+        next_connection(&mut backoff, listener.as_fd(), &watch, socket, || {
+            listener.accept().map(|(frontend, _)| frontend)
+        })?
+    {
+        if !peers.admits(&frontend, socket) {
+            continue;
         }
-        // Queue a connection on the rendezvous socket, then let the daemon accept it.
-        match UnixStream::connect(&self.rendezvous.path) {
-            Err(e) => warn!("{id}: cannot reach the daemon's rendezvous socket: {e}"),
-            Ok(daemon_side) => match daemon.start(&mut self.rendezvous.listener) {
-                Err(e) => warn!("{id}: the daemon cannot accept its connection: {e}"),
-                Ok(()) => run_connection(id, &device, &mut daemon, frontend, daemon_side, stop),
-            },
+        if serve(frontend).is_break() {
+            break;
         }
-        // Dropping the daemon stops and joins its vring worker; only then does the device tell
-        // the daemon that memory and link are gone, and release the memory.
-        drop(daemon);
-        device.disconnected();
-        device.close_leaked_exit_fds();
     }
+    Ok(())
+}
+
+/// Serves one accepted frontend of `port` with a fresh daemon and device until it goes away;
+/// the daemon accepts the relay's connection on `rendezvous`.
+pub(crate) fn serve_connection(
+    rendezvous: &mut Rendezvous,
+    switch: &Arc<Switch>,
+    port: &Arc<SwitchPort>,
+    frontend: UnixStream,
+    stop: &StopSignal,
+) {
+    let id = port.id();
+    let device = match NetDevice::new(Arc::clone(switch), Arc::clone(port)) {
+        Ok(d) => d,
+        Err(e) => return refuse(id, &format!("cannot create the device: {e}")),
+    };
+    let memory = GuestMemoryAtomic::new(GuestMemoryMmap::new());
+    let mut daemon =
+        match VhostUserDaemon::new(format!("svnic-port-{}", id.0), device.clone(), memory) {
+            Ok(d) => d,
+            Err(e) => {
+                device.close_leaked_exit_fds();
+                return refuse(id, &format!("cannot create the daemon: {e}"));
+            }
+        };
+    for handler in daemon.get_epoll_handlers() {
+        if let Err(e) =
+            handler.register_listener(device.wake_fd(), EventSet::IN, u64::from(WAKE_EVENT))
+        {
+            drop(daemon);
+            device.close_leaked_exit_fds();
+            return refuse(id, &format!("cannot watch the wake event: {e}"));
+        }
+    }
+    // Queue a connection on the rendezvous socket, then let the daemon accept it.
+    match UnixStream::connect(&rendezvous.path) {
+        Err(e) => warn!("{id}: cannot reach the daemon's rendezvous socket: {e}"),
+        Ok(daemon_side) => match daemon.start(&mut rendezvous.listener) {
+            Err(e) => warn!("{id}: the daemon cannot accept its connection: {e}"),
+            Ok(()) => run_connection(id, &device, &mut daemon, frontend, daemon_side, stop),
+        },
+    }
+    // Dropping the daemon stops and joins its vring worker; only then does the device tell
+    // the daemon that memory and link are gone, and release the memory.
+    drop(daemon);
+    device.disconnected();
+    device.close_leaked_exit_fds();
 }
 
 /// Relays between the frontend and the started daemon until the connection ends, and says how

@@ -19,7 +19,7 @@ pub(crate) mod test_support;
 pub use accept::{next_connection, Backoff, StopWatch};
 pub use bind::{bind_socket, parse_mode, SocketAccess, DEFAULT_SOCKET_MODE};
 pub use error::SocketError;
-pub use peer::{peer_uid, PeerFilter};
+pub use peer::{peer_credentials, peer_uid, PeerFilter};
 
 /// The directory of the default admin socket; created 0700 when missing.
 pub const DEFAULT_SOCKET_DIR: &str = "/run/svnic";

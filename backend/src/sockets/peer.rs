@@ -12,6 +12,12 @@ use svnic_control_plane::log_limited;
 
 /// The uid of the process at the other end of `stream`, as the kernel recorded it at connect.
 pub fn peer_uid(stream: &UnixStream) -> io::Result<u32> {
+    peer_credentials(stream).map(|cred| cred.uid)
+}
+
+/// The pid, uid and gid of the process at the other end of `stream`, as the kernel recorded them
+/// at connect.
+pub fn peer_credentials(stream: &UnixStream) -> io::Result<libc::ucred> {
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,
@@ -32,7 +38,7 @@ pub fn peer_uid(stream: &UnixStream) -> io::Result<u32> {
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(cred.uid)
+    Ok(cred)
 }
 
 /// Admits connections by peer uid and counts those it refuses.

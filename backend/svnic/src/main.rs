@@ -19,6 +19,15 @@ user or root and not writable by others unless sticky (/tmp is fine); socket_mod
 of any other uid. create_burst and creates_per_sec bound its channel creates (default 64
 at once, 200 per second).";
 
+/// `--pool`'s help.
+const POOL_HELP: &str = "A guest pool: name=NAME,socket=PATH,macs=RANGE,max=N with the optional
+policy and socket fields of --guest (endpoints, channels, max_region_mib, create_burst,
+creates_per_sec, socket_mode, socket_group, allow_uids). Every process that connects to
+the socket becomes a guest of its own, named NAME-OFFSET, with the lowest free MAC of RANGE
+(BASE/LEN: from BASE to the end of its LEN-bit prefix, e.g. 52:54:00:10:00:00/24; or
+FIRST-LAST); when it disconnects its guest, channels and MAC are released. At most N (up
+to 1024) at once: further connections are closed at once and counted (svnic ctl pools).";
+
 #[derive(Parser)]
 #[command(
     name = "svnic",
@@ -32,7 +41,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve guests, each on its own vhost-user socket, until SIGINT/SIGTERM.
+    /// Serve guests, each on its own vhost-user socket, and guest pools until SIGINT/SIGTERM.
     Serve {
         /// TOML configuration file (guests and engine settings).
         #[arg(long)]
@@ -43,6 +52,12 @@ enum Command {
             help = GUEST_HELP,
         )]
         guests: Vec<String>,
+        #[arg(
+            long = "pool",
+            value_name = "SPEC",
+            help = POOL_HELP,
+        )]
+        pools: Vec<String>,
         /// Engine worker threads.
         #[arg(long)]
         workers: Option<usize>,
@@ -73,7 +88,7 @@ enum Command {
         #[arg(long = "admin-allow-uid", value_name = "UID")]
         admin_allow_uids: Vec<u32>,
     },
-    /// Ask a running daemon: guests, channels, or engine counters.
+    /// Ask a running daemon: guests, pools, channels, or engine counters.
     Ctl {
         /// What to show.
         #[arg(value_enum)]
@@ -127,8 +142,10 @@ impl From<PlacementArg> for Placement {
 /// `svnic ctl <what>`: one [`AdminRequest`] each.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum CtlWhat {
-    /// Every configured guest: MACs, socket, connection, channels.
+    /// Every configured guest and pool member: MACs, socket, connection, channels.
     Guests,
+    /// Every guest pool: MAC range, members live, connections accepted and refused.
+    Pools,
     /// Every channel the daemon remembers, live and recently ended.
     Channels,
     /// Engine-wide counters: workers, frames, creates.
@@ -139,6 +156,7 @@ impl From<CtlWhat> for AdminRequest {
     fn from(w: CtlWhat) -> Self {
         match w {
             CtlWhat::Guests => AdminRequest::Guests,
+            CtlWhat::Pools => AdminRequest::Pools,
             CtlWhat::Channels => AdminRequest::Channels,
             CtlWhat::Engine => AdminRequest::Engine,
         }
@@ -151,6 +169,7 @@ fn main() -> ExitCode {
         Command::Serve {
             config,
             guests,
+            pools,
             workers,
             poll_budget,
             byte_budget_kib,
@@ -169,11 +188,17 @@ fn main() -> ExitCode {
                 pin_workers,
                 placement: placement.map(Placement::from),
             };
-            let loaded = DaemonConfig::load(config.as_deref(), &guests, &overrides, admin_socket)
-                .and_then(|mut c| {
-                    c.override_admin(admin_socket_mode.as_deref(), &admin_allow_uids)?;
-                    Ok(c)
-                });
+            let loaded = DaemonConfig::load_with_pools(
+                config.as_deref(),
+                &guests,
+                &pools,
+                &overrides,
+                admin_socket,
+            )
+            .and_then(|mut c| {
+                c.override_admin(admin_socket_mode.as_deref(), &admin_allow_uids)?;
+                Ok(c)
+            });
             let cfg = match loaded {
                 Ok(c) => c,
                 Err(e) => {

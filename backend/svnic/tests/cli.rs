@@ -1,6 +1,7 @@
 //! The `svnic` binary as users run it: `serve` refusing bad configuration and socket paths
 //! others could take over, sockets with their modes whatever the umask, uid allow-lists, `ctl`
-//! talking to a running daemon, and a clean shutdown on SIGTERM that removes every socket.
+//! talking to a running daemon, guest pools, and a clean shutdown on SIGTERM that removes every
+//! socket.
 #![allow(clippy::unwrap_used)]
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -154,6 +155,29 @@ fn serve_refuses_bad_configuration_naming_the_field_and_value() {
             "workers",
         ),
         (vec![], "no guest configured"),
+        (
+            vec![
+                "--pool",
+                "name=r,socket=/tmp/svnic-x.sock,macs=52:54:00:10:00:00/24,max=5000",
+            ],
+            "max = '5000'",
+        ),
+        (
+            vec![
+                "--pool",
+                "name=r,socket=/tmp/svnic-x.sock,macs=52:54:00:10:00:00/4,max=1",
+            ],
+            "macs = '52:54:00:10:00:00/4'",
+        ),
+        (
+            vec![
+                "--guest",
+                "name=a,socket=/tmp/svnic-x.sock,mac=52:54:00:10:00:07",
+                "--pool",
+                "name=r,socket=/tmp/svnic-y.sock,macs=52:54:00:10:00:00/40,max=4",
+            ],
+            "macs = '52:54:00:10:00:00-52:54:00:10:00:ff'",
+        ),
     ];
     for (args, word) in cases {
         let out = Command::new(BIN).arg("serve").args(&args).output().unwrap();
@@ -287,6 +311,73 @@ fn serve_answers_ctl_and_shuts_down_cleanly_on_sigterm() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("is `svnic serve` running?"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn serve_with_only_a_pool_lists_its_members_in_ctl_and_removes_its_socket() {
+    let dir = tmpdir("pool", 0o700);
+    let (sock, admin) = (dir.join("ranks.sock"), dir.join("admin.sock"));
+    let mut cmd = Command::new(BIN);
+    cmd.arg("serve")
+        .arg("--pool")
+        .arg(format!(
+            "name=ranks,socket={},macs=52:54:00:c2:00:00/40,max=2",
+            sock.display()
+        ))
+        .arg("--admin-socket")
+        .arg(&admin);
+    let mut serve = Serve::spawn(&mut cmd, "warn", &[&sock, &admin]);
+    let (a, b) = (
+        HostGuest::connect(&sock, 32 << 20).unwrap(),
+        HostGuest::connect(&sock, 32 << 20).unwrap(),
+    );
+    let _ch = b.create_channel(5, 256, Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        (a.mac().to_string(), b.mac().to_string()),
+        ("52:54:00:c2:00:00".into(), "52:54:00:c2:00:01".into())
+    );
+    let table = ctl(&admin, &["guests"]);
+    let me = std::process::id().to_string();
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), 3, "{table}");
+    assert_eq!(&rows[0][9..], ["POOL", "PID", "UID"], "{table}");
+    for (row, (name, mac, channels)) in rows[1..].iter().zip([
+        ("ranks-0", "52:54:00:c2:00:00", "0"),
+        ("ranks-1", "52:54:00:c2:00:01", "1"),
+    ]) {
+        assert_eq!(
+            (row[0], row[1], row[3], row[4], row[9], row[10]),
+            (name, mac, "yes", channels, "ranks", me.as_str()),
+            "{table}"
+        );
+    }
+    // The third process is refused at once; the pools table counts it.
+    assert!(HostGuest::connect(&sock, 32 << 20).is_err());
+    let pools: serde_json::Value =
+        serde_json::from_str(&ctl(&admin, &["pools", "--json"])).unwrap();
+    let pool = &pools["pools"][0];
+    assert_eq!(
+        (
+            &pool["name"],
+            &pool["max"],
+            &pool["live"],
+            &pool["refused_full"]
+        ),
+        (&"ranks".into(), &2.into(), &2.into(), &1.into()),
+        "{pools}"
+    );
+    let table = ctl(&admin, &["pools"]);
+    assert!(
+        table.starts_with("NAME") && table.contains("52:54:00:c2:00:00-52:54:00:c2:00:ff"),
+        "{table}"
+    );
+    drop(a);
+    terminate(&mut serve);
+    assert!(!sock.exists() && !admin.exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
 
