@@ -1,0 +1,198 @@
+//! Honest detection: is there a KVM, what does it offer, and does 64-bit user-mode guest code
+//! run natively on it?
+//!
+//! Capabilities alone do not answer the last question: this host's paravirtual KVM accepts
+//! real mode, 32-bit and 64-bit kernel-mode guests but emulates every instruction of them in
+//! the host kernel. So the probe runs a counting loop at CPL3 and times it: native execution
+//! does an iteration in about a nanosecond, emulation takes microseconds. The vCPU's
+//! `insn_emulation` counter, where the kernel has it, says the same from the other side.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvm_ioctls::{Cap, Kvm};
+use svnic_host_frontend::virtio_user::memory::MIN_MEMORY_SIZE;
+use svnic_host_frontend::virtio_user::MemfdMemory;
+
+use crate::error::MicroVmError;
+use crate::program::PROBE;
+use crate::stats::VcpuStats;
+use crate::vcpu::run_until_exit;
+use crate::vm::{read_u64, MicroVm, EXIT_GPA};
+
+/// Iterations of the probe's counting loop.
+pub const PROBE_ITERATIONS: u64 = 2_000_000;
+/// The probe must finish within this, or it is not native (2 million iterations take a few
+/// milliseconds natively and seconds emulated).
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Slowest rate still called native, in iterations per second.
+pub const NATIVE_MIN_RATE: f64 = 50e6;
+
+/// The capabilities the micro-VM uses or will use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Memslots from user memory (required).
+    pub user_memory: bool,
+    /// An in-kernel interrupt controller.
+    pub irqchip: bool,
+    /// Interrupts injected through eventfds.
+    pub irqfd: bool,
+    /// Guest stores signalled on eventfds.
+    pub ioeventfd: bool,
+    /// The binary statistics file (exit counters).
+    pub binary_stats_fd: bool,
+}
+
+/// What the CPL3 probe found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cpl3Probe {
+    /// The loop ran natively.
+    Native {
+        /// Iterations per second.
+        rate: f64,
+        /// Exits to user space (the final MMIO exit included).
+        user_exits: u64,
+        /// Instructions the host kernel emulated, if it counts them.
+        emulated: Option<u64>,
+    },
+    /// The loop ran, but too slowly to be native (emulated).
+    Emulated {
+        /// Iterations per second (0 if it did not finish in [`PROBE_TIMEOUT`]).
+        rate: f64,
+        /// Instructions the host kernel emulated, if it counts them.
+        emulated: Option<u64>,
+    },
+    /// The probe could not run.
+    Failed(String),
+}
+
+/// The detection report.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvmReport {
+    /// `KVM_GET_API_VERSION`.
+    pub api_version: i32,
+    /// Capabilities.
+    pub caps: Capabilities,
+    /// The CPL3 probe.
+    pub cpl3: Cpl3Probe,
+}
+
+impl KvmReport {
+    /// Whether 64-bit user-mode guests run natively here: what the micro-VM needs.
+    pub fn cpl3_native(&self) -> bool {
+        matches!(self.cpl3, Cpl3Probe::Native { .. })
+    }
+}
+
+impl fmt::Display for KvmReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.caps;
+        writeln!(f, "KVM API version {}", self.api_version)?;
+        writeln!(
+            f,
+            "capabilities: user_memory={} irqchip={} irqfd={} ioeventfd={} binary_stats_fd={}",
+            c.user_memory, c.irqchip, c.irqfd, c.ioeventfd, c.binary_stats_fd
+        )?;
+        let emu = |e: &Option<u64>| e.map_or("not counted".to_string(), |n| n.to_string());
+        match &self.cpl3 {
+            Cpl3Probe::Native {
+                rate,
+                user_exits,
+                emulated,
+            } => write!(
+                f,
+                "64-bit user mode (CPL3): native, {:.0} M iterations/s, {user_exits} user-space \
+                 exit(s), emulated instructions: {}",
+                rate / 1e6,
+                emu(emulated)
+            ),
+            Cpl3Probe::Emulated { rate, emulated } => write!(
+                f,
+                "64-bit user mode (CPL3): NOT native ({:.3} M iterations/s, emulated \
+                 instructions: {}); the micro-VM cannot show VMM bypass here",
+                rate / 1e6,
+                emu(emulated)
+            ),
+            Cpl3Probe::Failed(why) => {
+                write!(f, "64-bit user mode (CPL3): cannot run a guest: {why}")
+            }
+        }
+    }
+}
+
+/// Opens `/dev/kvm`; `Err` says why there is no usable KVM (absent, no permission).
+pub fn open() -> Result<Kvm, MicroVmError> {
+    Kvm::new().map_err(MicroVmError::kvm("open /dev/kvm"))
+}
+
+/// Detects KVM and probes 64-bit user mode. `Err` only when `/dev/kvm` cannot be opened; a
+/// KVM that cannot run the probe is reported as [`Cpl3Probe::Failed`].
+pub fn detect() -> Result<KvmReport, MicroVmError> {
+    let kvm = open()?;
+    let caps = Capabilities {
+        user_memory: kvm.check_extension(Cap::UserMemory),
+        irqchip: kvm.check_extension(Cap::Irqchip),
+        irqfd: kvm.check_extension(Cap::Irqfd),
+        ioeventfd: kvm.check_extension(Cap::Ioeventfd),
+        binary_stats_fd: kvm
+            .check_extension_raw(libc::c_ulong::from(kvm_bindings::KVM_CAP_BINARY_STATS_FD))
+            > 0,
+    };
+    let cpl3 = if caps.user_memory {
+        probe(&kvm).unwrap_or_else(|e| Cpl3Probe::Failed(e.to_string()))
+    } else {
+        Cpl3Probe::Failed("KVM cannot map user memory (no KVM_CAP_USER_MEMORY)".into())
+    };
+    Ok(KvmReport {
+        api_version: kvm.get_api_version(),
+        caps,
+        cpl3,
+    })
+}
+
+/// Runs the counting loop in a fresh micro-VM of the smallest memory.
+fn probe(kvm: &Kvm) -> Result<Cpl3Probe, MicroVmError> {
+    let memory = Arc::new(MemfdMemory::new(MIN_MEMORY_SIZE)?);
+    let mut vm = MicroVm::new(kvm, memory)?;
+    let code = vm.load(PROBE)?;
+    let counter = vm.alloc_page()?;
+    vm.set_entry(code, [counter, PROBE_ITERATIONS, EXIT_GPA])?;
+    let stats = VcpuStats::open(vm.vcpu_mut()).ok();
+    let before = stats.as_ref().and_then(|s| s.snapshot().ok());
+    let run = run_until_exit(vm.vcpu_mut(), EXIT_GPA, PROBE_TIMEOUT);
+    let emulated = match (&stats, &before) {
+        (Some(s), Some(b)) => s
+            .snapshot()
+            .ok()
+            .and_then(|after| after.since(b).get("insn_emulation")),
+        _ => None,
+    };
+    let outcome = match run {
+        Ok(o) => o,
+        Err(MicroVmError::Timeout { .. }) => {
+            return Ok(Cpl3Probe::Emulated {
+                rate: 0.0,
+                emulated,
+            })
+        }
+        Err(e) => return Err(e),
+    };
+    let count = read_u64(vm.memory(), counter)?;
+    if count != PROBE_ITERATIONS || outcome.value != PROBE_ITERATIONS {
+        return Ok(Cpl3Probe::Failed(format!(
+            "the probe counted {count} (reported {}), not {PROBE_ITERATIONS}",
+            outcome.value
+        )));
+    }
+    let rate = PROBE_ITERATIONS as f64 / outcome.elapsed.as_secs_f64().max(1e-9);
+    Ok(if rate >= NATIVE_MIN_RATE {
+        Cpl3Probe::Native {
+            rate,
+            user_exits: outcome.user_exits,
+            emulated,
+        }
+    } else {
+        Cpl3Probe::Emulated { rate, emulated }
+    })
+}
