@@ -11,12 +11,9 @@ use std::thread;
 use std::time::Duration;
 
 use svnic_backend::config::EngineOverrides;
-use svnic_channels::{ChannelAddr, MacAddr, Message};
-use svnic_client::channel::Completions;
-use svnic_client::Channel;
-use svnic_host_frontend::HostGuest;
-use svnic_microvm::{detect, run_bypass, BypassConfig, Cpl3Probe, KvmReport};
-use svnic_tests::daemon_fixture::{recv_messages, DaemonFixture};
+use svnic_channels::{ChannelAddr, MacAddr, UserData};
+use svnic_microvm::{detect, peer, run_bypass, BypassConfig, Cpl3Probe, KvmReport};
+use svnic_tests::daemon_fixture::DaemonFixture;
 
 const VM_MAC: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x4b, 0x01, 0x01]);
 const HOST_MAC: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x4b, 0x01, 0x02]);
@@ -44,33 +41,15 @@ fn kvm_or_skip() -> Option<KvmReport> {
     }
 }
 
-/// What the echo thread returns: what arrived, in arrival order, and the guest and channel,
-/// which must outlive the micro-VM's run (a channel dropped at once could take its last reply
-/// with it, unread by a sleeping engine).
-type Echoed = (Vec<Message>, HostGuest, Channel);
-
-/// Echoes `count` user-data messages on the host-process guest's channel: each goes back to its
-/// sender with its cookie and payload.
-fn echo(d: &DaemonFixture, count: u64) -> thread::JoinHandle<Echoed> {
+/// Echoes `count` user-data messages on a channel of host-process guest 2 in a thread; returns
+/// what arrived there, in arrival order.
+fn echo(d: &DaemonFixture, count: u64) -> thread::JoinHandle<Vec<UserData>> {
     let g = d.guest(2);
     let mut ch = g.create_channel(HOST_ENDPOINT, 256, LONG).unwrap();
     thread::spawn(move || {
         let mut got = Vec::new();
-        while (got.len() as u64) < count {
-            let batch = recv_messages(&mut ch, &g, 1, LONG);
-            assert!(!batch.is_empty(), "the micro-VM stopped sending");
-            for m in batch {
-                let Message::UserData(u) = &m else {
-                    panic!("host guest got {m:?}")
-                };
-                assert!(ch
-                    .send_user(u.peer, u.cookie, u.data(), Completions::OnError)
-                    .unwrap());
-                ch.flush().unwrap();
-                got.push(m);
-            }
-        }
-        (got, g, ch)
+        peer::echo(&g, &mut ch, count, LONG, |u| got.push(*u)).unwrap();
+        got
     })
 }
 
@@ -109,16 +88,13 @@ fn user_mode_guest_exchanges_user_data_with_a_host_process_guest_without_exits()
     assert_eq!(r.result.done, COUNT);
 
     // The host side saw every message, intact and in order, from the micro-VM's channel.
-    let (got, _g, _ch) = echoer.join().unwrap();
+    let got = echoer.join().unwrap();
     assert_eq!(got.len() as u64, COUNT);
     let from = ChannelAddr {
         mac: VM_MAC,
         endpoint: VM_ENDPOINT,
     };
-    for (i, m) in (0u64..).zip(&got) {
-        let Message::UserData(u) = m else {
-            panic!("message {i}: {m:?}")
-        };
+    for (i, u) in (0u64..).zip(&got) {
         assert_eq!(
             (u.cookie, u.data(), u.peer),
             (i, &(SEED + i).to_le_bytes()[..], from)

@@ -68,6 +68,12 @@ pub enum MicroVmError {
     /// The host-process guest (vhost-user connection, control path) failed.
     #[error(transparent)]
     Client(#[from] ClientError),
+    /// The channel API refused (a broken or faulted channel).
+    #[error(transparent)]
+    Channel(#[from] svnic_client::ChannelError),
+    /// The echo peer saw something it cannot answer, or nothing at all.
+    #[error("echo: {0}")]
+    Peer(String),
     /// The engine refused or did not answer the channel create.
     #[error("channel create: {0}")]
     Create(String),

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use log::info;
-use svnic_channels::layout::DEFAULT_REGION_LEN;
+use svnic_channels::layout::{header, DEFAULT_REGION_LEN};
 use svnic_channels::{ChannelAddr, EndpointId};
 use svnic_host_frontend::host_guest::CreateState;
 use svnic_host_frontend::HostGuest;
@@ -22,7 +22,7 @@ use crate::error::MicroVmError;
 use crate::program::{load_bypass, read_bypass, BypassArgs, BypassResult};
 use crate::stats::{Snapshot, VcpuStats};
 use crate::vcpu::{run_until_exit, RunOutcome};
-use crate::vm::{MicroVm, EXIT_GPA};
+use crate::vm::{read_u32, MicroVm, EXIT_GPA};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -107,7 +107,11 @@ pub fn run_bypass(cfg: &BypassConfig) -> Result<BypassReport, MicroVmError> {
     let after = stats.as_ref().map(VcpuStats::snapshot).transpose()?;
     let run = match run {
         Err(MicroVmError::Timeout { waited }) => {
-            let progress = read_bypass(&vm, info)?.describe();
+            let progress = format!(
+                "{}; channel: {}",
+                read_bypass(&vm, info)?.describe(),
+                channel_words(&vm, channel_gpa)?
+            );
             return Err(MicroVmError::Stalled { waited, progress });
         }
         other => other?,
@@ -122,4 +126,24 @@ pub fn run_bypass(cfg: &BypassConfig) -> Result<BypassReport, MicroVmError> {
         run,
         stats: after.zip(before).map(|(a, b)| a.since(&b)),
     })
+}
+
+/// The channel's index and flag words (docs/abi.md §2), for a stalled run's report.
+fn channel_words(vm: &MicroVm, gpa: u64) -> Result<String, MicroVmError> {
+    let words = [
+        ("fault", header::FAULT),
+        ("tx_head", header::TX_HEAD),
+        ("tx_tail", header::TX_TAIL),
+        ("rx_head", header::RX_HEAD),
+        ("rx_tail", header::RX_TAIL),
+        ("engine_sleeping", header::ENGINE_SLEEPING),
+    ];
+    let mut out = Vec::with_capacity(words.len());
+    for (name, offset) in words {
+        out.push(format!(
+            "{name} {}",
+            read_u32(vm.memory(), gpa + offset as u64)?
+        ));
+    }
+    Ok(out.join(", "))
 }

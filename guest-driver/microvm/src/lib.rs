@@ -17,10 +17,12 @@
 //!   page ([`boot_info`]).
 //! - [`stats`]: KVM's binary statistics of the vCPU (exit counters).
 //! - [`launcher`]: the wiring — connect, create the channel, load, run, report.
+//! - [`peer`]: the echo the program talks to (a host-process guest).
 
 pub mod detect;
 pub mod error;
 pub mod launcher;
+pub mod peer;
 pub mod program;
 pub mod stats;
 pub mod vcpu;

@@ -1,10 +1,11 @@
-//! `svnic-microvm`: detect what KVM runs natively here, or run the bypass guest program against
-//! a peer through `svnic serve`.
+//! `svnic-microvm`: detect what KVM runs natively here, run the bypass guest program against a
+//! peer through `svnic serve`, or be that peer (a host-process echo).
 //!
 //! ```text
 //! svnic-microvm detect
 //! svnic-microvm bypass --socket PATH --peer MAC/ENDPOINT [--endpoint N] [--count N]
 //!                      [--ring-size N] [--memory-mib N] [--timeout-secs N]
+//! svnic-microvm echo --socket PATH [--endpoint N] [--count N] [--ring-size N] [--timeout-secs N]
 //! ```
 //! `detect` exits 0 when 64-bit user mode runs natively, 2 when it does not, 1 on error.
 
@@ -12,16 +13,20 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use svnic_channels::{ChannelAddr, MacAddr};
-use svnic_microvm::{detect, run_bypass, BypassConfig};
+use svnic_host_frontend::HostGuest;
+use svnic_microvm::{detect, peer, run_bypass, BypassConfig, MicroVmError};
 
 const USAGE: &str = "usage: svnic-microvm detect\n       svnic-microvm bypass --socket PATH \
---peer MAC/ENDPOINT [--endpoint N] [--count N] [--ring-size N] [--memory-mib N] [--timeout-secs N]";
+--peer MAC/ENDPOINT [--endpoint N] [--count N] [--ring-size N] [--memory-mib N] [--timeout-secs N]\n\
+       svnic-microvm echo --socket PATH [--endpoint N] [--count N] [--ring-size N] \
+[--timeout-secs N]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("detect") if args.len() == 1 => cmd_detect(),
-        Some("bypass") => parse_bypass(&args[1..]).and_then(|cfg| cmd_bypass(&cfg)),
+        Some("bypass") => parse(&args[1..], true).and_then(|cfg| cmd_bypass(&cfg)),
+        Some("echo") => parse(&args[1..], false).and_then(|cfg| cmd_echo(&cfg)),
         _ => Err(USAGE.to_string()),
     };
     match result {
@@ -70,7 +75,22 @@ fn cmd_bypass(cfg: &BypassConfig) -> Result<ExitCode, String> {
     })
 }
 
-fn parse_bypass(args: &[String]) -> Result<BypassConfig, String> {
+/// Answers `cfg.count` messages on a channel at `cfg.endpoint` of the guest at `cfg.socket`
+/// (`cfg.timeout`: longest silence, and the create's wait).
+fn cmd_echo(cfg: &BypassConfig) -> Result<ExitCode, String> {
+    let e = |e: MicroVmError| e.to_string();
+    let guest = HostGuest::connect(&cfg.socket, cfg.memory_size).map_err(|e| e.to_string())?;
+    let mut ch = guest
+        .create_channel(cfg.endpoint, cfg.ring_size, cfg.timeout)
+        .map_err(|e| e.to_string())?;
+    eprintln!("svnic-microvm echo: ready at {}", ch.addr());
+    peer::echo(&guest, &mut ch, cfg.count, cfg.timeout, |_| {}).map_err(e)?;
+    println!("echoed {} messages", cfg.count);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The options of `bypass` (`needs_peer`) and `echo`.
+fn parse(args: &[String], needs_peer: bool) -> Result<BypassConfig, String> {
     let mut cfg = BypassConfig {
         socket: Default::default(),
         memory_size: 64 << 20,
@@ -126,8 +146,10 @@ fn parse_bypass(args: &[String]) -> Result<BypassConfig, String> {
             _ => return Err(format!("unknown option {flag}\n{USAGE}")),
         }
     }
-    if !socket || !peer {
-        return Err(format!("bypass needs --socket and --peer\n{USAGE}"));
+    if !socket || peer != needs_peer {
+        return Err(format!(
+            "bypass needs --socket and --peer, echo --socket only\n{USAGE}"
+        ));
     }
     Ok(cfg)
 }

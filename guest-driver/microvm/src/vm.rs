@@ -192,3 +192,14 @@ pub fn read_u64(memory: &MemfdMemory, gpa: u64) -> Result<u64, MicroVmError> {
             why: e.to_string(),
         })
 }
+
+/// Reads the u32 at `gpa` (an aligned load, so it may run while the guest writes it).
+pub fn read_u32(memory: &MemfdMemory, gpa: u64) -> Result<u32, MicroVmError> {
+    memory
+        .guest_memory()
+        .load::<u32>(GuestAddress(gpa), std::sync::atomic::Ordering::Acquire)
+        .map_err(|e| MicroVmError::Access {
+            addr: gpa,
+            why: e.to_string(),
+        })
+}
