@@ -19,7 +19,7 @@ use crate::error::MicroVmError;
 use crate::program::PROBE;
 use crate::stats::VcpuStats;
 use crate::vcpu::run_until_exit;
-use crate::vm::{read_u64, MicroVm, EXIT_GPA};
+use crate::vm::{load, MicroVm, EXIT_GPA};
 
 /// Iterations of the probe's counting loop.
 pub const PROBE_ITERATIONS: u64 = 2_000_000;
@@ -178,7 +178,7 @@ fn probe(kvm: &Kvm) -> Result<Cpl3Probe, MicroVmError> {
         }
         Err(e) => return Err(e),
     };
-    let count = read_u64(vm.memory(), counter)?;
+    let count = load::<u64>(vm.memory(), counter)?;
     if count != PROBE_ITERATIONS || outcome.value != PROBE_ITERATIONS {
         return Ok(Cpl3Probe::Failed(format!(
             "the probe counted {count} (reported {}), not {PROBE_ITERATIONS}",

@@ -22,7 +22,7 @@ use crate::error::MicroVmError;
 use crate::program::{load_bypass, read_bypass, BypassArgs, BypassResult};
 use crate::stats::{Snapshot, VcpuStats};
 use crate::vcpu::{run_until_exit, RunOutcome};
-use crate::vm::{read_u32, MicroVm, EXIT_GPA};
+use crate::vm::{load, MicroVm, EXIT_GPA};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -142,7 +142,7 @@ fn channel_words(vm: &MicroVm, gpa: u64) -> Result<String, MicroVmError> {
     for (name, offset) in words {
         out.push(format!(
             "{name} {}",
-            read_u32(vm.memory(), gpa + offset as u64)?
+            load::<u32>(vm.memory(), gpa + offset as u64)?
         ));
     }
     Ok(out.join(", "))

@@ -14,7 +14,7 @@ use svnic_channels::ChannelAddr;
 
 use crate::boot_info::*;
 use crate::error::MicroVmError;
-use crate::vm::{read_u64, write, MicroVm, EXIT_GPA};
+use crate::vm::{load, write, MicroVm, EXIT_GPA};
 
 /// The bypass program: N user-data messages to a peer, N replies checked.
 pub const BYPASS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/bypass.bin"));
@@ -100,9 +100,9 @@ pub fn load_bypass(vm: &MicroVm, args: BypassArgs) -> Result<u64, MicroVmError> 
 /// Reads what the bypass program reported in its boot-info page at `info`.
 pub fn read_bypass(vm: &MicroVm, info: u64) -> Result<BypassResult, MicroVmError> {
     Ok(BypassResult {
-        result: read_u64(vm.memory(), info + BI_RESULT)?,
-        done: read_u64(vm.memory(), info + BI_DONE)?,
-        detail: read_u64(vm.memory(), info + BI_DETAIL)?,
+        result: load::<u64>(vm.memory(), info + BI_RESULT)?,
+        done: load::<u64>(vm.memory(), info + BI_DONE)?,
+        detail: load::<u64>(vm.memory(), info + BI_DETAIL)?,
     })
 }
 

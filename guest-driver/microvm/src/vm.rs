@@ -12,7 +12,7 @@ use std::sync::Arc;
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_userspace_memory_region};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use svnic_host_frontend::virtio_user::MemfdMemory;
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::{AtomicAccess, Bytes, GuestAddress};
 
 use crate::error::MicroVmError;
 
@@ -182,22 +182,11 @@ pub fn write(memory: &MemfdMemory, gpa: u64, bytes: &[u8]) -> Result<(), MicroVm
         })
 }
 
-/// Reads the u64 at `gpa` (an aligned load, so it may run while the guest writes it).
-pub fn read_u64(memory: &MemfdMemory, gpa: u64) -> Result<u64, MicroVmError> {
+/// Reads the aligned word at `gpa` (a single load, so it may run while the guest writes it).
+pub fn load<T: AtomicAccess>(memory: &MemfdMemory, gpa: u64) -> Result<T, MicroVmError> {
     memory
         .guest_memory()
-        .load::<u64>(GuestAddress(gpa), std::sync::atomic::Ordering::Acquire)
-        .map_err(|e| MicroVmError::Access {
-            addr: gpa,
-            why: e.to_string(),
-        })
-}
-
-/// Reads the u32 at `gpa` (an aligned load, so it may run while the guest writes it).
-pub fn read_u32(memory: &MemfdMemory, gpa: u64) -> Result<u32, MicroVmError> {
-    memory
-        .guest_memory()
-        .load::<u32>(GuestAddress(gpa), std::sync::atomic::Ordering::Acquire)
+        .load::<T>(GuestAddress(gpa), std::sync::atomic::Ordering::Acquire)
         .map_err(|e| MicroVmError::Access {
             addr: gpa,
             why: e.to_string(),
