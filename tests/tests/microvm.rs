@@ -3,17 +3,25 @@
 //! the KVM memslot) and exchanges user-data with a host-process guest that echoes, intact and in
 //! order, while KVM's statistics count the exits.
 //!
+//! A micro-VM killed mid-stream (a child process running the launcher): the daemon destroys its
+//! channel and the peer's next message to it is error-completed.
+//!
 //! Skips, saying why, only when there is no usable `/dev/kvm` or the detection probe cannot run
 //! a guest at all.
 #![allow(clippy::unwrap_used)]
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
 use svnic_backend::config::EngineOverrides;
-use svnic_channels::{ChannelAddr, MacAddr, UserData};
+use svnic_channels::{ChannelAddr, CompletionStatus, MacAddr, Message, UserData};
+use svnic_client::Completions;
 use svnic_microvm::{detect, peer, run_bypass, BypassConfig, Cpl3Probe, KvmReport};
-use svnic_tests::daemon_fixture::DaemonFixture;
+use svnic_tests::daemon_fixture::{recv_messages, DaemonFixture};
+use svnic_tests::daemon_proc::spawn_test_child;
+use svnic_tests::wait::wait_until;
 
 const VM_MAC: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x4b, 0x01, 0x01]);
 const HOST_MAC: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x4b, 0x01, 0x02]);
@@ -121,4 +129,94 @@ fn user_mode_guest_exchanges_user_data_with_a_host_process_guest_without_exits()
             assert!(n("insn_emulation") <= 1, "{:?}", s.nonzero());
         }
     }
+}
+
+const CHILD_VAR: &str = "SVNIC_MICROVM_CHILD_SOCKET";
+
+/// The child process of `a_micro_vm_killed_mid_stream_loses_its_channel_and_its_peer_is_told`:
+/// the launcher streaming to the echo until it is killed. `CHILD_VAR` is its socket.
+#[test]
+fn child_micro_vm() {
+    let Ok(sock) = std::env::var(CHILD_VAR) else {
+        return;
+    };
+    println!("MICROVM-CHILD-READY");
+    let r = run_bypass(&BypassConfig {
+        socket: sock.into(),
+        memory_size: 64 << 20,
+        endpoint: VM_ENDPOINT,
+        ring_size: 256,
+        peer: ChannelAddr {
+            mac: HOST_MAC,
+            endpoint: HOST_ENDPOINT,
+        },
+        count: u64::MAX,
+        seed: SEED,
+        timeout: LONG,
+    });
+    panic!("the child should have been killed mid-stream, but the run ended: {r:?}");
+}
+
+#[test]
+fn a_micro_vm_killed_mid_stream_loses_its_channel_and_its_peer_is_told() {
+    if kvm_or_skip().is_none() {
+        return;
+    }
+    let d = DaemonFixture::start(
+        "microvm-kill",
+        &[(VM_MAC, ""), (HOST_MAC, "")],
+        EngineOverrides::default(),
+    );
+    let g = d.guest(2);
+    let mut ch = g.create_channel(HOST_ENDPOINT, 256, LONG).unwrap();
+    let answered = Arc::new(AtomicU64::new(0));
+    let echoer = {
+        let answered = answered.clone();
+        thread::spawn(move || {
+            // Ends with an error once the micro-VM is gone (nothing arrives any more).
+            let end = peer::echo(&g, &mut ch, u64::MAX, Duration::from_secs(2), |_| {
+                answered.fetch_add(1, Ordering::Relaxed);
+            });
+            (g, ch, end)
+        })
+    };
+    let (child, _) = spawn_test_child(
+        "child_micro_vm",
+        CHILD_VAR,
+        d.sock(1).as_os_str(),
+        "MICROVM-CHILD-READY",
+    )
+    .unwrap();
+    // Streaming: the echo has answered a hundred messages, the micro-VM's channel is live.
+    wait_until(LONG, || answered.load(Ordering::Relaxed) >= 100);
+    let cp = d.daemon().engine().control_plane();
+    let vm_guest = cp.guest_by_mac(VM_MAC).unwrap();
+    assert_eq!(cp.live_channels_of(vm_guest).len(), 1);
+
+    drop(child); // SIGKILL, mid-stream
+    wait_until(LONG, || cp.live_channels_of(vm_guest).is_empty());
+    let (g, mut ch, end) = echoer.join().unwrap();
+    assert!(
+        end.is_err(),
+        "the echo cannot have answered u64::MAX messages"
+    );
+    let at_kill = answered.load(Ordering::Relaxed);
+    assert!(at_kill >= 100, "{at_kill}");
+
+    // The peer's next message to the dead micro-VM comes back as an error completion.
+    let to_vm = ChannelAddr {
+        mac: VM_MAC,
+        endpoint: VM_ENDPOINT,
+    };
+    assert!(ch
+        .send_user(to_vm, 42, b"anyone?", Completions::OnError)
+        .unwrap());
+    ch.flush().unwrap();
+    let got = recv_messages(&mut ch, &g, 1, LONG);
+    let completion = got.iter().find_map(|m| match m {
+        Message::Completion(c) if c.cookie == 42 => Some(*c),
+        _ => None,
+    });
+    let c = completion.unwrap_or_else(|| panic!("no completion for the message: {got:?}"));
+    assert_eq!((c.status, c.peer), (CompletionStatus::NoRoute, to_vm));
 }
