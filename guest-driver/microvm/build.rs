@@ -24,11 +24,19 @@ const BOOT_INFO: &[(&str, u64, &str)] = &[
         0x18,
         "The peer's endpoint (low 32 bits).",
     ),
-    ("BI_COUNT", 0x20, "How many user-data messages to exchange."),
+    ("BI_COUNT", 0x20, "How many messages to exchange."),
     (
         "BI_SEED",
         0x28,
-        "Payload of message `i` is `seed + i`; the reply must carry it back (an echo).",
+        "Payload of message `i` is `seed + i` (DMA-data: qword `k` is `seed + i + k`); the \
+         reply must carry it back (an echo).",
+    ),
+    ("BI_MODE", 0x50, "`MODE_USER_DATA` or `MODE_DMA_DATA`."),
+    (
+        "BI_DMA_LEN",
+        0x58,
+        "DMA-data mode: bytes per message, a multiple of 8 (the launcher checks that two \
+         buffers of it fit in the data area).",
     ),
     (
         "BI_EXIT_ADDR",
@@ -52,8 +60,19 @@ const BOOT_INFO: &[(&str, u64, &str)] = &[
     ),
 ];
 
-/// Result codes the guest writes to `BI_RESULT`.
+/// Result codes the guest writes to `BI_RESULT`, and the modes of `BI_MODE`.
 const RESULTS: &[(&str, u64, &str)] = &[
+    (
+        "MODE_USER_DATA",
+        0,
+        "Each message is user-data with 8 payload bytes inline.",
+    ),
+    (
+        "MODE_DMA_DATA",
+        1,
+        "Each message is DMA-data from the data area into a buffer the peer posted; the echo \
+         comes back into a buffer this program posted.",
+    ),
     (
         "RESULT_OK",
         1,
@@ -73,7 +92,7 @@ const RESULTS: &[(&str, u64, &str)] = &[
     (
         "RESULT_BAD_LEN",
         5,
-        "A reply whose payload length is not 8.",
+        "A reply, or a DMA-data completion, of the wrong length.",
     ),
     (
         "RESULT_BAD_PEER",
@@ -99,6 +118,11 @@ const RESULTS: &[(&str, u64, &str)] = &[
         "RESULT_BAD_MAGIC",
         10,
         "The boot-info page does not start with `BOOT_MAGIC`.",
+    ),
+    (
+        "RESULT_BAD_DMA",
+        11,
+        "A DMA-data echo not marked COMPLETE, or not in the buffer this program posted.",
     ),
 ];
 

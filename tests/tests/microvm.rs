@@ -1,7 +1,7 @@
 //! The kvm-ioctls micro-VM against the real daemon: its 64-bit user-mode guest program drives a
 //! channel in its own memory (the memfd shared with the daemon over vhost-user and registered as
-//! the KVM memslot) and exchanges user-data with a host-process guest that echoes, intact and in
-//! order, while KVM's statistics count the exits.
+//! the KVM memslot) and exchanges user-data, or DMA-data, with a host-process guest that
+//! echoes, intact and in order, while KVM's statistics count the exits.
 //!
 //! A micro-VM killed mid-stream (a child process running the launcher): the daemon destroys its
 //! channel and the peer's next message to it is error-completed.
@@ -16,9 +16,9 @@ use std::thread;
 use std::time::Duration;
 
 use svnic_backend::config::EngineOverrides;
-use svnic_channels::{ChannelAddr, CompletionStatus, MacAddr, Message, UserData};
+use svnic_channels::{ChannelAddr, CompletionStatus, MacAddr, Message};
 use svnic_client::Completions;
-use svnic_microvm::{detect, peer, run_bypass, BypassConfig, Cpl3Probe, KvmReport};
+use svnic_microvm::{detect, peer, run_bypass, BypassConfig, Cpl3Probe, KvmReport, Payload};
 use svnic_tests::daemon_fixture::{recv_messages, DaemonFixture};
 use svnic_tests::daemon_proc::spawn_test_child;
 use svnic_tests::wait::wait_until;
@@ -49,23 +49,27 @@ fn kvm_or_skip() -> Option<KvmReport> {
     }
 }
 
-/// Echoes `count` user-data messages on a channel of host-process guest 2 in a thread; returns
-/// what arrived there, in arrival order.
-fn echo(d: &DaemonFixture, count: u64) -> thread::JoinHandle<Vec<UserData>> {
+/// Echoes `count` messages on a channel of host-process guest 2 in a thread; returns what
+/// arrived there (each message with its bytes), in arrival order.
+fn echo(d: &DaemonFixture, count: u64) -> thread::JoinHandle<Vec<(Message, Vec<u8>)>> {
     let g = d.guest(2);
     let mut ch = g.create_channel(HOST_ENDPOINT, 256, LONG).unwrap();
     thread::spawn(move || {
         let mut got = Vec::new();
-        peer::echo(&g, &mut ch, count, LONG, |u| got.push(*u)).unwrap();
+        peer::echo(&g, &mut ch, count, LONG, |m, bytes| {
+            got.push((*m, bytes.to_vec()))
+        })
+        .unwrap();
         got
     })
 }
 
-#[test]
-fn user_mode_guest_exchanges_user_data_with_a_host_process_guest_without_exits() {
+/// The micro-VM exchanges `COUNT` messages of `payload` with an echoing host-process guest
+/// through the daemon; checks both sides and the exit counts.
+fn exchange(name: &str, payload: Payload) {
     let Some(report) = kvm_or_skip() else { return };
     let d = DaemonFixture::start(
-        "microvm",
+        name,
         &[(VM_MAC, ""), (HOST_MAC, "")],
         EngineOverrides::default(),
     );
@@ -82,11 +86,12 @@ fn user_mode_guest_exchanges_user_data_with_a_host_process_guest_without_exits()
         peer,
         count: COUNT,
         seed: SEED,
+        payload,
         timeout: LONG,
     })
     .unwrap();
     eprintln!(
-        "{COUNT} round trips in {:?}: {}; {} user-space exit(s); KVM counters: {:?}",
+        "{payload:?}: {COUNT} round trips in {:?}: {}; {} user-space exit(s); KVM counters: {:?}",
         r.run.elapsed,
         r.result.describe(),
         r.run.user_exits,
@@ -102,11 +107,21 @@ fn user_mode_guest_exchanges_user_data_with_a_host_process_guest_without_exits()
         mac: VM_MAC,
         endpoint: VM_ENDPOINT,
     };
-    for (i, u) in (0u64..).zip(&got) {
-        assert_eq!(
-            (u.cookie, u.data(), u.peer),
-            (i, &(SEED + i).to_le_bytes()[..], from)
-        );
+    for (i, (m, bytes)) in (0u64..).zip(&got) {
+        match (payload, m) {
+            (Payload::UserData, Message::UserData(u)) => assert_eq!(
+                (u.cookie, &bytes[..], u.peer),
+                (i, &(SEED + i).to_le_bytes()[..], from)
+            ),
+            (Payload::DmaData { len }, Message::DmaData(d)) => {
+                let want: Vec<u8> = (0..u64::from(len) / 8)
+                    .flat_map(|k| (SEED + i + k).to_le_bytes())
+                    .collect();
+                assert_eq!((d.peer, d.is_complete()), (from, true), "message {i}");
+                assert!(bytes == &want, "message {i}: bytes differ");
+            }
+            _ => panic!("message {i}: {m:?}"),
+        }
     }
 
     // The only exit to the launcher is the final MMIO store; no signal interrupted the run.
@@ -131,6 +146,16 @@ fn user_mode_guest_exchanges_user_data_with_a_host_process_guest_without_exits()
     }
 }
 
+#[test]
+fn user_mode_guest_exchanges_user_data_with_a_host_process_guest_without_exits() {
+    exchange("microvm-user", Payload::UserData);
+}
+
+#[test]
+fn user_mode_guest_exchanges_dma_data_with_a_host_process_guest_without_exits() {
+    exchange("microvm-dma", Payload::DmaData { len: 4096 });
+}
+
 const CHILD_VAR: &str = "SVNIC_MICROVM_CHILD_SOCKET";
 
 /// The child process of `a_micro_vm_killed_mid_stream_loses_its_channel_and_its_peer_is_told`:
@@ -152,6 +177,7 @@ fn child_micro_vm() {
         },
         count: u64::MAX,
         seed: SEED,
+        payload: Payload::UserData,
         timeout: LONG,
     });
     panic!("the child should have been killed mid-stream, but the run ended: {r:?}");
@@ -174,7 +200,7 @@ fn a_micro_vm_killed_mid_stream_loses_its_channel_and_its_peer_is_told() {
         let answered = answered.clone();
         thread::spawn(move || {
             // Ends with an error once the micro-VM is gone (nothing arrives any more).
-            let end = peer::echo(&g, &mut ch, u64::MAX, Duration::from_secs(2), |_| {
+            let end = peer::echo(&g, &mut ch, u64::MAX, Duration::from_secs(2), |_, _| {
                 answered.fetch_add(1, Ordering::Relaxed);
             });
             (g, ch, end)

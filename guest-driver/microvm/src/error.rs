@@ -37,6 +37,9 @@ pub enum MicroVmError {
         /// Largest size.
         max: u64,
     },
+    /// A setting the program cannot run with.
+    #[error("{0}")]
+    BadConfig(String),
     /// The vCPU stopped for a reason the launcher does not handle.
     #[error("the guest stopped unexpectedly: {what} (rip {rip:#x})")]
     UnexpectedExit {

@@ -19,7 +19,7 @@ use svnic_host_frontend::HostGuest;
 
 use crate::detect;
 use crate::error::MicroVmError;
-use crate::program::{load_bypass, read_bypass, BypassArgs, BypassResult};
+use crate::program::{load_bypass, read_bypass, BypassArgs, BypassResult, Payload};
 use crate::stats::{Snapshot, VcpuStats};
 use crate::vcpu::{run_until_exit, RunOutcome};
 use crate::vm::{load, MicroVm, EXIT_GPA};
@@ -40,8 +40,10 @@ pub struct BypassConfig {
     pub peer: ChannelAddr,
     /// Messages.
     pub count: u64,
-    /// Payload of message `i` is `seed + i`.
+    /// Payload of message `i` is `seed + i` (DMA-data: qword `k` is `seed + i + k`).
     pub seed: u64,
+    /// User-data or DMA-data.
+    pub payload: Payload,
     /// Longest wait for the create answer, and for the program to finish.
     pub timeout: Duration,
 }
@@ -91,6 +93,7 @@ pub fn run_bypass(cfg: &BypassConfig) -> Result<BypassReport, MicroVmError> {
         "channel {} at {addr} in guest memory at {channel_gpa:#x}",
         channel.id()
     );
+    cfg.payload.check(channel.layout())?;
     let mut vm = MicroVm::new(&kvm, Arc::clone(guest.memory()))?;
     let info = load_bypass(
         &vm,
@@ -99,6 +102,7 @@ pub fn run_bypass(cfg: &BypassConfig) -> Result<BypassReport, MicroVmError> {
             peer: cfg.peer,
             count: cfg.count,
             seed: cfg.seed,
+            payload: cfg.payload,
         },
     )?;
     let stats = VcpuStats::open(vm.vcpu_mut()).ok();

@@ -37,3 +37,4 @@ pub mod boot_info {
 pub use detect::{detect, Cpl3Probe, KvmReport};
 pub use error::MicroVmError;
 pub use launcher::{run_bypass, BypassConfig, BypassReport};
+pub use program::Payload;

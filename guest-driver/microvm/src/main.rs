@@ -4,7 +4,7 @@
 //! ```text
 //! svnic-microvm detect
 //! svnic-microvm bypass --socket PATH --peer MAC/ENDPOINT [--endpoint N] [--count N]
-//!                      [--ring-size N] [--memory-mib N] [--timeout-secs N]
+//!                      [--dma-len BYTES] [--ring-size N] [--memory-mib N] [--timeout-secs N]
 //! svnic-microvm echo --socket PATH [--endpoint N] [--count N] [--ring-size N] [--timeout-secs N]
 //! ```
 //! `detect` exits 0 when 64-bit user mode runs natively, 2 when it does not, 1 on error.
@@ -14,12 +14,16 @@ use std::time::Duration;
 
 use svnic_channels::{ChannelAddr, MacAddr};
 use svnic_host_frontend::HostGuest;
-use svnic_microvm::{detect, peer, run_bypass, BypassConfig, MicroVmError};
+use svnic_microvm::{detect, peer, run_bypass, BypassConfig, MicroVmError, Payload};
 
-const USAGE: &str = "usage: svnic-microvm detect\n       svnic-microvm bypass --socket PATH \
---peer MAC/ENDPOINT [--endpoint N] [--count N] [--ring-size N] [--memory-mib N] [--timeout-secs N]\n\
-       svnic-microvm echo --socket PATH [--endpoint N] [--count N] [--ring-size N] \
-[--timeout-secs N]";
+const USAGE: &str = concat!(
+    "usage: svnic-microvm detect\n",
+    "       svnic-microvm bypass --socket PATH --peer MAC/ENDPOINT [--endpoint N] [--count N]\n",
+    "                            [--dma-len BYTES] [--ring-size N] [--memory-mib N]\n",
+    "                            [--timeout-secs N]\n",
+    "       svnic-microvm echo --socket PATH [--endpoint N] [--count N] [--ring-size N]\n",
+    "                          [--timeout-secs N]",
+);
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -84,7 +88,7 @@ fn cmd_echo(cfg: &BypassConfig) -> Result<ExitCode, String> {
         .create_channel(cfg.endpoint, cfg.ring_size, cfg.timeout)
         .map_err(|e| e.to_string())?;
     eprintln!("svnic-microvm echo: ready at {}", ch.addr());
-    peer::echo(&guest, &mut ch, cfg.count, cfg.timeout, |_| {}).map_err(e)?;
+    peer::echo(&guest, &mut ch, cfg.count, cfg.timeout, |_, _| {}).map_err(e)?;
     println!("echoed {} messages", cfg.count);
     Ok(ExitCode::SUCCESS)
 }
@@ -102,6 +106,7 @@ fn parse(args: &[String], needs_peer: bool) -> Result<BypassConfig, String> {
         },
         count: 1000,
         seed: 0x5eed_0000_0000,
+        payload: Payload::UserData,
         timeout: Duration::from_secs(10),
     };
     let (mut socket, mut peer) = (false, false);
@@ -136,6 +141,13 @@ fn parse(args: &[String], needs_peer: bool) -> Result<BypassConfig, String> {
                     .map_err(|e| format!("--endpoint {value}: {e}"))?
             }
             "--count" => cfg.count = num()?,
+            "--dma-len" => {
+                cfg.payload = Payload::DmaData {
+                    len: value
+                        .parse()
+                        .map_err(|e| format!("--dma-len {value}: {e}"))?,
+                }
+            }
             "--ring-size" => {
                 cfg.ring_size = value
                     .parse()

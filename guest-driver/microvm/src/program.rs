@@ -10,16 +10,48 @@
 //! The boot-info page ([`crate::boot_info`]) is how the launcher tells the program what to do
 //! (the channel's guest-physical address, the peer, the count) and how the program reports.
 
-use svnic_channels::ChannelAddr;
+use svnic_channels::{ChannelAddr, ChannelLayout};
 
 use crate::boot_info::*;
 use crate::error::MicroVmError;
-use crate::vm::{load, write, MicroVm, EXIT_GPA};
+use crate::vm::{load, write, MicroVm, EXIT_GPA, PAGE};
 
 /// The bypass program: N user-data messages to a peer, N replies checked.
 pub const BYPASS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/bypass.bin"));
 /// The detection probe: increments a counter N times.
 pub const PROBE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/probe.bin"));
+
+/// What each message carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Payload {
+    /// User-data: 8 bytes inline.
+    UserData,
+    /// DMA-data of `len` bytes (a multiple of 8), from the data area into a posted buffer.
+    DmaData {
+        /// Bytes per message.
+        len: u32,
+    },
+}
+
+impl Payload {
+    /// Checks that the program's two buffers fit in the data area of `layout` (the send buffer
+    /// at its start, the receive buffer at the next 4 KiB boundary).
+    pub fn check(&self, layout: &ChannelLayout) -> Result<(), MicroVmError> {
+        let Payload::DmaData { len } = *self else {
+            return Ok(());
+        };
+        let len = u64::from(len);
+        let need = len.div_ceil(PAGE) * PAGE + len;
+        if len == 0 || len % 8 != 0 || need > layout.data_len() {
+            return Err(MicroVmError::BadConfig(format!(
+                "DMA-data length {len} must be a non-zero multiple of 8, and two buffers of it \
+                 must fit in the {}-byte data area",
+                layout.data_len()
+            )));
+        }
+        Ok(())
+    }
+}
 
 /// What the launcher tells the bypass program.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,8 +62,10 @@ pub struct BypassArgs {
     pub peer: ChannelAddr,
     /// Messages to send (and replies to expect).
     pub count: u64,
-    /// Payload of message `i` is `seed + i`.
+    /// Payload of message `i` is `seed + i` (DMA-data: qword `k` is `seed + i + k`).
     pub seed: u64,
+    /// User-data or DMA-data.
+    pub payload: Payload,
 }
 
 /// What the bypass program reported.
@@ -53,12 +87,13 @@ impl BypassResult {
             RESULT_BAD_HEADER => "channel header not ready or wrong magic/version",
             RESULT_COMPLETION => "error completion",
             RESULT_BAD_KIND => "RX message of an unexpected kind",
-            RESULT_BAD_LEN => "reply of the wrong length",
+            RESULT_BAD_LEN => "reply or completion of the wrong length",
             RESULT_BAD_PEER => "reply from another peer",
             RESULT_BAD_COOKIE => "reply out of order (cookie)",
             RESULT_BAD_PAYLOAD => "reply with the wrong payload",
             RESULT_FAULT => "channel faulted",
             RESULT_BAD_MAGIC => "boot info not found",
+            RESULT_BAD_DMA => "DMA-data echo not COMPLETE or not in the posted buffer",
             _ => "unknown result code",
         };
         format!(
@@ -79,6 +114,10 @@ fn mac_word(peer: ChannelAddr) -> u64 {
 /// Loads the bypass program and its boot-info page into `vm` and points the vCPU at it.
 /// Returns the boot-info page's guest-physical address.
 pub fn load_bypass(vm: &MicroVm, args: BypassArgs) -> Result<u64, MicroVmError> {
+    let (mode, dma_len) = match args.payload {
+        Payload::UserData => (MODE_USER_DATA, 0),
+        Payload::DmaData { len } => (MODE_DMA_DATA, u64::from(len)),
+    };
     let code = vm.load(BYPASS)?;
     let info = vm.alloc_page()?;
     let fields = [
@@ -89,6 +128,8 @@ pub fn load_bypass(vm: &MicroVm, args: BypassArgs) -> Result<u64, MicroVmError> 
         (BI_COUNT, args.count),
         (BI_SEED, args.seed),
         (BI_EXIT_ADDR, EXIT_GPA),
+        (BI_MODE, mode),
+        (BI_DMA_LEN, dma_len),
     ];
     for (offset, value) in fields {
         write(vm.memory(), info + offset, &value.to_le_bytes())?;
@@ -109,6 +150,7 @@ pub fn read_bypass(vm: &MicroVm, info: u64) -> Result<BypassResult, MicroVmError
 #[cfg(test)]
 mod tests {
     use super::*;
+    use svnic_channels::layout::DEFAULT_REGION_LEN;
 
     #[test]
     fn programs_are_assembled_and_end_in_their_idle_loop() {
@@ -134,11 +176,27 @@ mod tests {
             BI_RESULT,
             BI_DONE,
             BI_DETAIL,
+            BI_MODE,
+            BI_DMA_LEN,
         ];
         fields.sort_unstable();
         for w in fields.windows(2) {
             assert!(w[1] >= w[0] + 8, "{fields:x?}");
         }
         assert!(fields.iter().all(|f| f % 8 == 0 && *f + 8 <= 4096));
+    }
+
+    #[test]
+    fn dma_lengths_must_be_word_multiples_whose_two_buffers_fit() {
+        let layout = ChannelLayout::new(256, DEFAULT_REGION_LEN).expect("the default layout");
+        let data = layout.data_len();
+        let fits = |len: u32| Payload::DmaData { len }.check(&layout).is_ok();
+        assert!(Payload::UserData.check(&layout).is_ok());
+        assert!(fits(8) && fits(4096) && fits(65536));
+        assert!(!fits(0) && !fits(12) && !fits(4097));
+        // The largest: a multiple of 8 and of 4 KiB, twice, within the data area.
+        let half = (data / 2 / PAGE * PAGE) as u32;
+        assert!(fits(half));
+        assert!(!fits(half + 4096));
     }
 }

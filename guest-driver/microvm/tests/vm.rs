@@ -12,7 +12,7 @@ use svnic_host_frontend::virtio_user::memory::MIN_MEMORY_SIZE;
 use svnic_host_frontend::virtio_user::MemfdMemory;
 use svnic_microvm::boot_info::{BI_MAGIC, RESULT_BAD_HEADER, RESULT_BAD_MAGIC};
 use svnic_microvm::detect::open;
-use svnic_microvm::program::{load_bypass, read_bypass, BypassArgs, PROBE};
+use svnic_microvm::program::{load_bypass, read_bypass, BypassArgs, Payload, PROBE};
 use svnic_microvm::vcpu::run_until_exit;
 use svnic_microvm::vm::{write, MicroVm, EXIT_GPA};
 use svnic_microvm::{detect, Cpl3Probe, MicroVmError};
@@ -73,6 +73,7 @@ fn the_bypass_program_refuses_a_missing_boot_magic_and_an_unready_channel() {
         peer,
         count: 10,
         seed: 0,
+        payload: Payload::UserData,
     };
     let info = load_bypass(&vm, args).unwrap();
     let run = run_until_exit(vm.vcpu_mut(), EXIT_GPA, Duration::from_secs(5)).unwrap();
