@@ -143,7 +143,8 @@ fn main() {
     let _ = writeln!(inc, ".set BOOT_MAGIC, {BOOT_MAGIC:#x}");
     let _ = writeln!(
         rs,
-        "/// The first word of the boot-info page (\"SVNICVM1\").\npub const BOOT_MAGIC: u64 = {BOOT_MAGIC:#x};"
+        "/// The first word of the boot-info page (\"SVNICVM1\").\n\
+         pub const BOOT_MAGIC: u64 = {BOOT_MAGIC:#x};"
     );
     write(&out.join("boot_info.inc"), &inc);
     write(&out.join("boot_info.rs"), &rs);

@@ -9,8 +9,8 @@
 //! guest-physical address in a boot-info page; the program then drives the rings with no exit.
 //!
 //! Modules by role:
-//! - [`detect`](mod@detect): open `/dev/kvm`, check capabilities, run a tiny CPL3 probe; a typed report of
-//!   what runs natively.
+//! - [`detect`](mod@detect): open `/dev/kvm`, check capabilities, run a tiny CPL3 probe; a
+//!   typed report of what runs natively.
 //! - [`vm`]: VM setup — the memslot, identity page tables, registers for 64-bit user mode.
 //! - [`vcpu`]: the run loop, exit handling and its watchdog.
 //! - [`program`]: the guest programs (assembled by `build.rs` from `guest/`) and the boot-info
