@@ -24,6 +24,9 @@ const DESC_FIXED_LEN: usize = 16;
 /// Descriptor types of a single counter or value (cumulative, instant, peak).
 const TYPE_MASK: u32 = 0xf;
 const TYPE_HISTOGRAM_MIN: u32 = 3;
+/// Bounds on what the header may claim (the kernel's are 48 bytes and a few dozen).
+const MAX_NAME: usize = 4096;
+const MAX_DESCRIPTORS: usize = 4096;
 
 /// One counter: its name and where its value lies in the file.
 #[derive(Debug, Clone)]
@@ -108,6 +111,11 @@ impl VcpuStats {
         }
         // SAFETY: fd is a fresh descriptor nobody else owns; the File closes it.
         let file = unsafe { File::from_raw_fd(fd) };
+        Self::from_file(file)
+    }
+
+    /// Reads the descriptors of a statistics file in KVM's binary format.
+    pub fn from_file(file: File) -> Result<Self, MicroVmError> {
         let mut header = [0u8; HEADER_LEN];
         file.read_exact_at(&mut header, 0)
             .map_err(MicroVmError::Stats)?;
@@ -116,7 +124,7 @@ impl VcpuStats {
         let desc_offset = u64::from(le_u32(&header, 16));
         let data_offset = u64::from(le_u32(&header, 20));
         let desc_len = DESC_FIXED_LEN + name_size;
-        if name_size == 0 || num_desc > 4096 {
+        if name_size == 0 || name_size > MAX_NAME || num_desc > MAX_DESCRIPTORS {
             return Err(bad("implausible header"));
         }
         let mut descs = vec![0u8; desc_len * num_desc];
@@ -156,7 +164,70 @@ impl VcpuStats {
 
 #[cfg(test)]
 mod tests {
-    use super::Snapshot;
+    use super::*;
+    use std::io::Write;
+
+    /// A statistics file in KVM's layout: header, id, descriptors, data.
+    fn stats_file(counters: &[(&str, u32, u16, &[u64])]) -> File {
+        const NAME: usize = 48;
+        let id_offset = HEADER_LEN;
+        let desc_offset = id_offset + NAME;
+        let desc_len = DESC_FIXED_LEN + NAME;
+        let data_offset = desc_offset + desc_len * counters.len();
+        let mut header = Vec::new();
+        for w in [0, NAME, counters.len(), id_offset, desc_offset, data_offset] {
+            header.extend_from_slice(&(w as u32).to_le_bytes());
+        }
+        header.extend_from_slice(&[0u8; NAME]);
+        let mut data = Vec::new();
+        for &(name, flags, size, values) in counters {
+            header.extend_from_slice(&flags.to_le_bytes());
+            header.extend_from_slice(&0i16.to_le_bytes());
+            header.extend_from_slice(&size.to_le_bytes());
+            header.extend_from_slice(&(data.len() as u32).to_le_bytes());
+            header.extend_from_slice(&0u32.to_le_bytes());
+            let mut n = [0u8; NAME];
+            n[..name.len()].copy_from_slice(name.as_bytes());
+            header.extend_from_slice(&n);
+            for v in values {
+                data.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        let mut f = tempfile();
+        f.write_all(&header).expect("write header");
+        f.write_all(&data).expect("write data");
+        f
+    }
+
+    fn tempfile() -> File {
+        let name = c"svnic-stats-test";
+        // SAFETY: memfd_create reads a valid C string and returns a new descriptor or -1.
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+        // SAFETY: a fresh descriptor nobody else owns.
+        unsafe { File::from_raw_fd(fd) }
+    }
+
+    #[test]
+    fn counters_are_read_by_name_and_histograms_skipped() {
+        // Types: 0 cumulative, 1 instant, 3 linear histogram (skipped).
+        let f = stats_file(&[
+            ("exits", 0, 1, &[7]),
+            ("histogram", 3, 2, &[1, 2]),
+            ("mmio_exits", 0, 1, &[3]),
+            ("halt_poll_ns", 1, 1, &[9]),
+        ]);
+        let s = VcpuStats::from_file(f).expect("parse");
+        let snap = s.snapshot().expect("read");
+        assert_eq!(
+            snap,
+            Snapshot(vec![
+                ("exits".into(), 7),
+                ("mmio_exits".into(), 3),
+                ("halt_poll_ns".into(), 9)
+            ])
+        );
+    }
 
     #[test]
     fn since_subtracts_by_name_and_exits_keeps_nonzero_exit_counters() {
