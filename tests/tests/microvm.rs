@@ -18,7 +18,7 @@ use std::time::Duration;
 use svnic_backend::config::EngineOverrides;
 use svnic_channels::{ChannelAddr, CompletionStatus, MacAddr, Message};
 use svnic_client::Completions;
-use svnic_microvm::{detect, peer, run_bypass, BypassConfig, Cpl3Probe, KvmReport, Payload};
+use svnic_microvm::{detect, peer, run_bypass, BypassConfig, KvmReport, ModeProbe, Payload};
 use svnic_tests::daemon_fixture::{recv_messages, DaemonFixture};
 use svnic_tests::daemon_proc::spawn_test_child;
 use svnic_tests::wait::wait_until;
@@ -38,7 +38,7 @@ fn kvm_or_skip() -> Option<KvmReport> {
             eprintln!("skipping: no usable KVM: {e}");
             None
         }
-        Ok(r) if matches!(r.cpl3, Cpl3Probe::Failed(_)) => {
+        Ok(r) if matches!(r.cpl3, ModeProbe::Failed(_)) => {
             eprintln!("skipping: KVM cannot run the probe guest:\n{r}");
             None
         }

@@ -1,5 +1,5 @@
-//! Honest detection: is there a KVM, what does it offer, and does 64-bit user-mode guest code
-//! run natively on it?
+//! Honest detection: is there a KVM, what does it offer, and does 64-bit user-mode (and, with
+//! [`detect_all`], kernel-mode) guest code run natively on it?
 //!
 //! Capabilities alone do not answer the last question: this host's paravirtual KVM accepts
 //! real mode, 32-bit and 64-bit kernel-mode guests but emulates every instruction of them in
@@ -19,7 +19,7 @@ use crate::error::MicroVmError;
 use crate::program::PROBE;
 use crate::stats::VcpuStats;
 use crate::vcpu::run_until_exit;
-use crate::vm::{load, MicroVm, EXIT_GPA};
+use crate::vm::{load, MicroVm, Privilege, EXIT_GPA};
 
 /// Iterations of the probe's counting loop.
 pub const PROBE_ITERATIONS: u64 = 2_000_000;
@@ -44,9 +44,9 @@ pub struct Capabilities {
     pub binary_stats_fd: bool,
 }
 
-/// What the CPL3 probe found.
+/// What a probe of one privilege level found.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Cpl3Probe {
+pub enum ModeProbe {
     /// The loop ran natively.
     Native {
         /// Iterations per second.
@@ -58,7 +58,7 @@ pub enum Cpl3Probe {
     },
     /// The loop ran, but too slowly to be native (emulated).
     Emulated {
-        /// Iterations per second (0 if it did not finish in [`PROBE_TIMEOUT`]).
+        /// Iterations per second (counted up to [`PROBE_TIMEOUT`] if it did not finish).
         rate: f64,
         /// Instructions the host kernel emulated, if it counts them.
         emulated: Option<u64>,
@@ -74,14 +74,16 @@ pub struct KvmReport {
     pub api_version: i32,
     /// Capabilities.
     pub caps: Capabilities,
-    /// The CPL3 probe.
-    pub cpl3: Cpl3Probe,
+    /// The CPL3 (guest user mode) probe.
+    pub cpl3: ModeProbe,
+    /// The CPL0 (guest kernel mode) probe, if it was run ([`detect_all`]).
+    pub cpl0: Option<ModeProbe>,
 }
 
 impl KvmReport {
     /// Whether 64-bit user-mode guests run natively here: what the micro-VM needs.
     pub fn cpl3_native(&self) -> bool {
-        matches!(self.cpl3, Cpl3Probe::Native { .. })
+        matches!(self.cpl3, ModeProbe::Native { .. })
     }
 }
 
@@ -94,29 +96,37 @@ impl fmt::Display for KvmReport {
             "capabilities: user_memory={} irqchip={} irqfd={} ioeventfd={} binary_stats_fd={}",
             c.user_memory, c.irqchip, c.irqfd, c.ioeventfd, c.binary_stats_fd
         )?;
+        self.cpl3.describe(f, "64-bit user mode (CPL3)")?;
+        if let Some(cpl0) = &self.cpl0 {
+            writeln!(f)?;
+            cpl0.describe(f, "64-bit kernel mode (CPL0)")?;
+        }
+        Ok(())
+    }
+}
+
+impl ModeProbe {
+    fn describe(&self, f: &mut fmt::Formatter<'_>, mode: &str) -> fmt::Result {
         let emu = |e: &Option<u64>| e.map_or("not counted".to_string(), |n| n.to_string());
-        match &self.cpl3 {
-            Cpl3Probe::Native {
+        match self {
+            ModeProbe::Native {
                 rate,
                 user_exits,
                 emulated,
             } => write!(
                 f,
-                "64-bit user mode (CPL3): native, {:.0} M iterations/s, {user_exits} user-space \
-                 exit(s), emulated instructions: {}",
+                "{mode}: native, {:.0} M iterations/s, {user_exits} user-space exit(s), \
+                 emulated instructions: {}",
                 rate / 1e6,
                 emu(emulated)
             ),
-            Cpl3Probe::Emulated { rate, emulated } => write!(
+            ModeProbe::Emulated { rate, emulated } => write!(
                 f,
-                "64-bit user mode (CPL3): NOT native ({:.3} M iterations/s, emulated \
-                 instructions: {}); the micro-VM cannot show VMM bypass here",
+                "{mode}: NOT native ({:.3} M iterations/s, emulated instructions: {})",
                 rate / 1e6,
                 emu(emulated)
             ),
-            Cpl3Probe::Failed(why) => {
-                write!(f, "64-bit user mode (CPL3): cannot run a guest: {why}")
-            }
+            ModeProbe::Failed(why) => write!(f, "{mode}: cannot run a guest: {why}"),
         }
     }
 }
@@ -127,8 +137,18 @@ pub fn open() -> Result<Kvm, MicroVmError> {
 }
 
 /// Detects KVM and probes 64-bit user mode. `Err` only when `/dev/kvm` cannot be opened; a
-/// KVM that cannot run the probe is reported as [`Cpl3Probe::Failed`].
+/// KVM that cannot run the probe is reported as [`ModeProbe::Failed`].
 pub fn detect() -> Result<KvmReport, MicroVmError> {
+    detect_modes(false)
+}
+
+/// [`detect`], and a probe of 64-bit kernel mode too (up to [`PROBE_TIMEOUT`] more where it
+/// is emulated).
+pub fn detect_all() -> Result<KvmReport, MicroVmError> {
+    detect_modes(true)
+}
+
+fn detect_modes(with_cpl0: bool) -> Result<KvmReport, MicroVmError> {
     let kvm = open()?;
     let caps = Capabilities {
         user_memory: kvm.check_extension(Cap::UserMemory),
@@ -139,22 +159,25 @@ pub fn detect() -> Result<KvmReport, MicroVmError> {
             .check_extension_raw(libc::c_ulong::from(kvm_bindings::KVM_CAP_BINARY_STATS_FD))
             > 0,
     };
-    let cpl3 = if caps.user_memory {
-        probe(&kvm).unwrap_or_else(|e| Cpl3Probe::Failed(e.to_string()))
-    } else {
-        Cpl3Probe::Failed("KVM cannot map user memory (no KVM_CAP_USER_MEMORY)".into())
+    let run = |privilege| {
+        if caps.user_memory {
+            probe(&kvm, privilege).unwrap_or_else(|e| ModeProbe::Failed(e.to_string()))
+        } else {
+            ModeProbe::Failed("KVM cannot map user memory (no KVM_CAP_USER_MEMORY)".into())
+        }
     };
     Ok(KvmReport {
         api_version: kvm.get_api_version(),
         caps,
-        cpl3,
+        cpl3: run(Privilege::User),
+        cpl0: with_cpl0.then(|| run(Privilege::Kernel)),
     })
 }
 
-/// Runs the counting loop in a fresh micro-VM of the smallest memory.
-fn probe(kvm: &Kvm) -> Result<Cpl3Probe, MicroVmError> {
+/// Runs the counting loop at `privilege` in a fresh micro-VM of the smallest memory.
+fn probe(kvm: &Kvm, privilege: Privilege) -> Result<ModeProbe, MicroVmError> {
     let memory = Arc::new(MemfdMemory::new(MIN_MEMORY_SIZE)?);
-    let mut vm = MicroVm::new(kvm, memory)?;
+    let mut vm = MicroVm::with_privilege(kvm, memory, privilege)?;
     let code = vm.load(PROBE)?;
     let counter = vm.alloc_page()?;
     vm.set_entry(code, [counter, PROBE_ITERATIONS, EXIT_GPA])?;
@@ -170,29 +193,30 @@ fn probe(kvm: &Kvm) -> Result<Cpl3Probe, MicroVmError> {
     };
     let outcome = match run {
         Ok(o) => o,
-        Err(MicroVmError::Timeout { .. }) => {
-            return Ok(Cpl3Probe::Emulated {
-                rate: 0.0,
+        Err(MicroVmError::Timeout { waited }) => {
+            let count = load::<u64>(vm.memory(), counter)?;
+            return Ok(ModeProbe::Emulated {
+                rate: count as f64 / waited.as_secs_f64(),
                 emulated,
-            })
+            });
         }
         Err(e) => return Err(e),
     };
     let count = load::<u64>(vm.memory(), counter)?;
     if count != PROBE_ITERATIONS || outcome.value != PROBE_ITERATIONS {
-        return Ok(Cpl3Probe::Failed(format!(
+        return Ok(ModeProbe::Failed(format!(
             "the probe counted {count} (reported {}), not {PROBE_ITERATIONS}",
             outcome.value
         )));
     }
     let rate = PROBE_ITERATIONS as f64 / outcome.elapsed.as_secs_f64().max(1e-9);
     Ok(if rate >= NATIVE_MIN_RATE {
-        Cpl3Probe::Native {
+        ModeProbe::Native {
             rate,
             user_exits: outcome.user_exits,
             emulated,
         }
     } else {
-        Cpl3Probe::Emulated { rate, emulated }
+        ModeProbe::Emulated { rate, emulated }
     })
 }

@@ -34,7 +34,7 @@ pub mod boot_info {
     include!(concat!(env!("OUT_DIR"), "/boot_info.rs"));
 }
 
-pub use detect::{detect, Cpl3Probe, KvmReport};
+pub use detect::{detect, detect_all, KvmReport, ModeProbe};
 pub use error::MicroVmError;
 pub use launcher::{run_bypass, BypassConfig, BypassReport};
 pub use program::Payload;

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use svnic_channels::{ChannelAddr, MacAddr};
 use svnic_host_frontend::HostGuest;
-use svnic_microvm::{detect, peer, run_bypass, BypassConfig, MicroVmError, Payload};
+use svnic_microvm::{detect, detect_all, peer, run_bypass, BypassConfig, MicroVmError, Payload};
 
 const USAGE: &str = concat!(
     "usage: svnic-microvm detect\n",
@@ -43,7 +43,7 @@ fn main() -> ExitCode {
 }
 
 fn cmd_detect() -> Result<ExitCode, String> {
-    let report = detect().map_err(|e| format!("no usable KVM: {e}"))?;
+    let report = detect_all().map_err(|e| format!("no usable KVM: {e}"))?;
     println!("{report}");
     Ok(if report.cpl3_native() {
         ExitCode::SUCCESS

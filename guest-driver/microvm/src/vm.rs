@@ -39,6 +39,15 @@ const EFER_LME_LMA: u64 = 0x500;
 /// rflags: the always-one bit only (interrupts off).
 const RFLAGS: u64 = 0x2;
 
+/// The privilege level the vCPU starts at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Privilege {
+    /// CPL3, guest user mode: what the guest programs run at (native on this host's KVM).
+    User,
+    /// CPL0, guest kernel mode (only the detection probe uses it).
+    Kernel,
+}
+
 /// A VM with one vCPU whose memory is `memory`, set up for 64-bit user mode.
 #[derive(Debug)]
 pub struct MicroVm {
@@ -53,6 +62,15 @@ impl MicroVm {
     /// Creates the VM, registers all of `memory` as memslot 0 at guest-physical 0, builds the
     /// page tables and a stack page in it (from its allocator), and creates vCPU 0 in user mode.
     pub fn new(kvm: &Kvm, memory: Arc<MemfdMemory>) -> Result<Self, MicroVmError> {
+        Self::with_privilege(kvm, memory, Privilege::User)
+    }
+
+    /// [`MicroVm::new`] with the vCPU starting at `privilege`.
+    pub fn with_privilege(
+        kvm: &Kvm,
+        memory: Arc<MemfdMemory>,
+        privilege: Privilege,
+    ) -> Result<Self, MicroVmError> {
         let size = memory.size();
         if size > MAX_MEMORY {
             return Err(MicroVmError::MemoryTooLarge {
@@ -91,8 +109,13 @@ impl MicroVm {
         sregs.cr3 = pml4;
         sregs.cr4 = CR4_PAE;
         sregs.efer = EFER_LME_LMA;
-        sregs.cs = segment(0x1b, 0xb, 1);
-        let data = segment(0x23, 0x3, 0);
+        // Selectors: GDT index 1 (kernel) or 3 (user) for code, 2 or 4 for data, with the RPL.
+        let (code_sel, data_sel, dpl) = match privilege {
+            Privilege::User => (0x1b, 0x23, 3),
+            Privilege::Kernel => (0x08, 0x10, 0),
+        };
+        sregs.cs = segment(code_sel, 0xb, 1, dpl);
+        let data = segment(data_sel, 0x3, 0, dpl);
         sregs.ds = data;
         sregs.es = data;
         sregs.fs = data;
@@ -154,15 +177,15 @@ impl MicroVm {
     }
 }
 
-/// A flat 4 GiB segment of privilege level 3: code (`long` = 1) or data.
-fn segment(selector: u16, type_: u8, long: u8) -> kvm_segment {
+/// A flat 4 GiB segment of privilege level `dpl`: code (`long` = 1) or data.
+fn segment(selector: u16, type_: u8, long: u8, dpl: u8) -> kvm_segment {
     kvm_segment {
         base: 0,
         limit: 0xffff_ffff,
         selector,
         type_,
         present: 1,
-        dpl: 3,
+        dpl,
         db: 1 - long,
         s: 1,
         l: long,

@@ -15,7 +15,7 @@ use svnic_microvm::detect::open;
 use svnic_microvm::program::{load_bypass, read_bypass, BypassArgs, Payload, PROBE};
 use svnic_microvm::vcpu::run_until_exit;
 use svnic_microvm::vm::{write, MicroVm, EXIT_GPA};
-use svnic_microvm::{detect, Cpl3Probe, MicroVmError};
+use svnic_microvm::{detect, MicroVmError, ModeProbe};
 
 fn usable() -> bool {
     match detect() {
@@ -23,7 +23,7 @@ fn usable() -> bool {
             eprintln!("skipping: no usable KVM: {e}");
             false
         }
-        Ok(r) if matches!(r.cpl3, Cpl3Probe::Failed(_)) => {
+        Ok(r) if matches!(r.cpl3, ModeProbe::Failed(_)) => {
             eprintln!("skipping: KVM cannot run the probe guest:\n{r}");
             false
         }
@@ -90,4 +90,20 @@ fn the_bypass_program_refuses_a_missing_boot_magic_and_an_unready_channel() {
     let run = run_until_exit(vm.vcpu_mut(), EXIT_GPA, Duration::from_secs(5)).unwrap();
     assert_eq!(run.value, RESULT_BAD_MAGIC);
     assert_eq!(read_bypass(&vm, info).unwrap().result, RESULT_BAD_MAGIC);
+}
+
+#[test]
+fn detect_all_probes_kernel_mode_too_and_reports_both() {
+    if !usable() {
+        return;
+    }
+    let r = svnic_microvm::detect_all().unwrap();
+    let cpl0 = r.cpl0.clone().expect("detect_all probes CPL0");
+    // Either way the probe ran and measured something (this host emulates CPL0).
+    match cpl0 {
+        ModeProbe::Native { rate, .. } | ModeProbe::Emulated { rate, .. } => assert!(rate > 0.0),
+        ModeProbe::Failed(why) => panic!("CPL0 probe failed: {why}"),
+    }
+    let text = r.to_string();
+    assert!(text.contains("(CPL3)") && text.contains("(CPL0)"), "{text}");
 }
