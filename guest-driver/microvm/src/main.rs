@@ -165,3 +165,68 @@ fn parse(args: &[String], needs_peer: bool) -> Result<BypassConfig, String> {
     }
     Ok(cfg)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(line: &str) -> Vec<String> {
+        line.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn bypass_options_fill_the_config() {
+        let cfg = parse(
+            &args(
+                "--socket /s --peer 52:54:00:00:00:02/7 --endpoint 3 --count 5 --dma-len 4096 \
+                 --ring-size 64 --memory-mib 32 --timeout-secs 2",
+            ),
+            true,
+        )
+        .expect("valid options");
+        assert_eq!(cfg.socket, std::path::PathBuf::from("/s"));
+        assert_eq!(
+            cfg.peer,
+            ChannelAddr {
+                mac: MacAddr([0x52, 0x54, 0, 0, 0, 2]),
+                endpoint: 7
+            }
+        );
+        assert_eq!(
+            (cfg.endpoint, cfg.count, cfg.payload, cfg.ring_size),
+            (3, 5, Payload::DmaData { len: 4096 }, 64)
+        );
+        assert_eq!(
+            (cfg.memory_size, cfg.timeout),
+            (32 << 20, Duration::from_secs(2))
+        );
+    }
+
+    #[test]
+    fn wrong_options_are_refused_with_the_reason() {
+        let refused = |line: &str, peer: bool, want: &str| {
+            let e = parse(&args(line), peer).expect_err(line);
+            assert!(e.contains(want), "{line}: {e}");
+        };
+        refused("--socket /s", true, "needs --socket and --peer");
+        refused(
+            "--socket /s --peer 52:54:00:00:00:02/7",
+            false,
+            "echo --socket only",
+        );
+        refused(
+            "--socket /s --peer 52:54:00:00:00:02",
+            true,
+            "expected MAC/ENDPOINT",
+        );
+        refused("--socket /s --peer nonsense/1", true, "--peer nonsense/1");
+        refused("--socket /s --count", false, "--count needs a value");
+        refused("--socket /s --count many", false, "--count many");
+        refused("--socket /s --dma-len -1", false, "--dma-len -1");
+        refused(
+            "--socket /s --frobnicate 1",
+            false,
+            "unknown option --frobnicate",
+        );
+    }
+}
