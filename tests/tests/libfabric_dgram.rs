@@ -1,0 +1,271 @@
+//! The svnic libfabric provider (libsvnic-fi.so) as applications load it: libfabric's own
+//! `fi_info` and `fi_pingpong` (Debian's libfabric-bin, installed by scripts/setup.sh), with
+//! `FI_PROVIDER_PATH` pointing at the library installed by scripts/install-libfabric-provider.sh,
+//! between two host-process guests of the daemon (`Daemon::start`, as `svnic serve` runs it).
+#![allow(clippy::unwrap_used)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use svnic_backend::config::EngineOverrides;
+use svnic_channels::MacAddr;
+use svnic_tests::daemon_fixture::DaemonFixture;
+use svnic_tests::daemon_proc::{kill_with_parent, repo_root, KillOnDrop, ScratchDir};
+
+const MAC1: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x71, 0x01, 0x01]);
+const MAC2: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x71, 0x01, 0x02]);
+const LONG: Duration = Duration::from_secs(180);
+
+/// The directory holding libsvnic-fi.so (under the target directory), installed once per test
+/// binary by the project's script.
+fn provider_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map_or_else(|| repo_root().join("target"), PathBuf::from);
+        let dir = target.join("libfabric-provider");
+        let script = repo_root().join("scripts/install-libfabric-provider.sh");
+        let out = Command::new(&script).arg(&dir).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{} failed: {}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(dir.join("libsvnic-fi.so").is_file());
+        dir
+    })
+}
+
+/// A libfabric tool (from libfabric-bin) with the provider path and `FI_SVNIC_SOCKET`.
+fn fi_tool(tool: &str, socket: Option<&Path>) -> Command {
+    let mut c = Command::new(tool);
+    c.env("FI_PROVIDER_PATH", provider_dir())
+        .env("FI_PROVIDER", "svnic")
+        .env("FI_SVNIC_LOG", "warn")
+        .env_remove("FI_SVNIC_ENDPOINT");
+    match socket {
+        Some(s) => c.env("FI_SVNIC_SOCKET", s),
+        None => c.env_remove("FI_SVNIC_SOCKET"),
+    };
+    c
+}
+
+fn run(mut c: Command) -> (bool, String) {
+    let out = c.output().unwrap_or_else(|e| {
+        panic!("cannot run {c:?} (scripts/setup.sh installs libfabric-bin): {e}")
+    });
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[test]
+fn fi_info_lists_the_svnic_dgram_endpoint() {
+    // No daemon is needed to list the provider: getinfo never connects.
+    let mut c = fi_tool("fi_info", None);
+    c.args(["-p", "svnic"]);
+    let (ok, text) = run(c);
+    assert!(ok, "{text}");
+    let entries: Vec<(&str, &str)> = text
+        .split("provider: ")
+        .skip(1)
+        .map(|e| {
+            let name = e.lines().next().unwrap_or("").trim();
+            let ty = e
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("type: "))
+                .unwrap_or("");
+            (name, ty)
+        })
+        .collect();
+    assert!(entries.contains(&("svnic", "FI_EP_DGRAM")), "{text}");
+
+    let mut c = fi_tool("fi_info", None);
+    c.args(["-p", "svnic", "-t", "FI_EP_DGRAM", "-v"]);
+    let (ok, text) = run(c);
+    assert!(ok, "{text}");
+    for want in [
+        "type: FI_EP_DGRAM",
+        "max_msg_size: 65536",
+        "inject_size: 40",
+        "name: svnic",
+        "prov_name: svnic",
+        "data_progress: FI_PROGRESS_MANUAL",
+    ] {
+        assert!(text.contains(want), "{want} missing in:\n{text}");
+    }
+    assert!(!text.contains("svnic;svnic"), "{text}");
+}
+
+/// A TCP port nobody listens on right now (for fi_pingpong's out-of-band socket).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// True once something listens on TCP `port` (read from /proc, so no connection is used up).
+fn listening(port: u16) -> bool {
+    let needle = format!(":{port:04X} ");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.len() > 3 && format!("{} ", cols[1]).ends_with(&needle) && cols[3] == "0A"
+            })
+        })
+    })
+}
+
+/// One result line of fi_pingpong: bytes, #sent, #ack.
+#[derive(Debug, PartialEq, Eq)]
+struct PingpongLine {
+    bytes: u64,
+    sent: u64,
+    acked: u64,
+}
+
+/// fi_pingpong's size column: `64`, `1.5k`, `64k`, `1m`.
+fn parse_size(s: &str) -> Option<u64> {
+    let (num, mul) = match s.as_bytes().last()? {
+        b'k' => (&s[..s.len() - 1], 1024.0),
+        b'm' => (&s[..s.len() - 1], 1024.0 * 1024.0),
+        _ => (s, 1.0),
+    };
+    let v: f64 = num.parse().ok()?;
+    Some((v * mul).round() as u64)
+}
+
+/// The result table of fi_pingpong's output (the lines under its `bytes #sent #ack` header).
+fn parse_pingpong(text: &str) -> Vec<PingpongLine> {
+    let mut lines = text.lines().skip_while(|l| !l.starts_with("bytes"));
+    assert!(lines.next().is_some(), "no result table in:\n{text}");
+    lines
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            if cols.len() < 8 {
+                return None;
+            }
+            Some(PingpongLine {
+                bytes: parse_size(cols[0])?,
+                sent: cols[1].parse().ok()?,
+                acked: cols[2].strip_prefix('=')?.parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+/// The sizes `fi_pingpong -S all` runs up to `max` (util/pingpong.c of 1.17: 0, then powers of
+/// two and 1.5 times each from 1).
+fn all_sizes(max: u64) -> Vec<u64> {
+    let mut v = vec![0];
+    let mut p = 1u64;
+    while p <= max {
+        v.push(p);
+        if p >= 2 && p + p / 2 <= max {
+            v.push(p + p / 2);
+        }
+        p *= 2;
+    }
+    v
+}
+
+#[test]
+fn size_and_table_parsing() {
+    assert_eq!(parse_size("1.5k"), Some(1536));
+    assert_eq!(parse_size("64k"), Some(65536));
+    assert_eq!(parse_size("3"), Some(3));
+    assert_eq!(parse_size("x"), None);
+    assert_eq!(
+        all_sizes(16),
+        vec![0, 1, 2, 3, 4, 6, 8, 12, 16],
+        "the list of util/pingpong.c"
+    );
+    let t = "bytes   #sent   #ack     total       time     MB/sec    usec/xfer   Mxfers/sec\n\
+             64      10      =10      1.2k        0.08s      0.02    3805.90       0.00\n";
+    assert_eq!(
+        parse_pingpong(t),
+        vec![PingpongLine {
+            bytes: 64,
+            sent: 10,
+            acked: 10
+        }]
+    );
+}
+
+#[test]
+fn fi_pingpong_dgram_between_two_guests_every_size_to_64k_verified() {
+    let d = DaemonFixture::start(
+        "fi-pingpong",
+        &[(MAC1, ""), (MAC2, "")],
+        EngineOverrides::default(),
+    );
+    let scratch = ScratchDir::new("fi-pingpong").unwrap();
+    let port = free_port().to_string();
+    let iterations = "20";
+    let common = [
+        "-p", "svnic", "-e", "dgram", "-S", "all", "-c", "-I", iterations,
+    ];
+
+    let server_log = scratch.path().join("server.log");
+    let mut c = fi_tool("fi_pingpong", Some(&d.sock(1)));
+    c.args(common)
+        .args(["-B", &port])
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&server_log).unwrap())
+        .stderr(Stdio::inherit());
+    kill_with_parent(&mut c);
+    let mut server = KillOnDrop(c.spawn().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !listening(port.parse().unwrap()) {
+        assert!(Instant::now() < deadline, "the server never listened");
+        assert!(server.0.try_wait().unwrap().is_none(), "the server exited");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let client_log = scratch.path().join("client.log");
+    let mut c = fi_tool("fi_pingpong", Some(&d.sock(2)));
+    c.args(common)
+        .args(["-P", &port, "127.0.0.1"])
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&client_log).unwrap())
+        .stderr(Stdio::inherit());
+    kill_with_parent(&mut c);
+    let mut client = KillOnDrop(c.spawn().unwrap());
+
+    let deadline = Instant::now() + LONG;
+    let client_status = client.wait_until(deadline).unwrap();
+    let server_status = server.wait_until(deadline).unwrap();
+    let client_out = std::fs::read_to_string(&client_log).unwrap();
+    let server_out = std::fs::read_to_string(&server_log).unwrap();
+    assert!(
+        client_status.is_some_and(|s| s.success()),
+        "client: {client_status:?}\n{client_out}"
+    );
+    assert!(
+        server_status.is_some_and(|s| s.success()),
+        "server: {server_status:?}\n{server_out}"
+    );
+
+    // Both sides ran every size of `-S all` up to max_msg_size (64 KiB), each with every
+    // iteration sent and acknowledged (fi_pingpong checks each payload with -c and exits
+    // non-zero on a mismatch).
+    let n: u64 = iterations.parse().unwrap();
+    for (who, out) in [("client", &client_out), ("server", &server_out)] {
+        let table = parse_pingpong(out);
+        let sizes: Vec<u64> = table.iter().map(|l| l.bytes).collect();
+        assert_eq!(sizes, all_sizes(64 << 10), "{who}:\n{out}");
+        for l in &table {
+            assert_eq!((l.sent, l.acked), (n, n), "{who}: {l:?}\n{out}");
+        }
+    }
+}
