@@ -30,13 +30,13 @@ pub struct FiCqAttr {
 }
 
 #[repr(C)]
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub struct FiCqEntry {
     pub op_context: *mut c_void,
 }
 
 #[repr(C)]
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub struct FiCqMsgEntry {
     pub op_context: *mut c_void,
     pub flags: u64,
@@ -44,7 +44,7 @@ pub struct FiCqMsgEntry {
 }
 
 #[repr(C)]
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub struct FiCqDataEntry {
     pub op_context: *mut c_void,
     pub flags: u64,
@@ -54,7 +54,7 @@ pub struct FiCqDataEntry {
 }
 
 #[repr(C)]
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub struct FiCqTaggedEntry {
     pub op_context: *mut c_void,
     pub flags: u64,
@@ -66,7 +66,7 @@ pub struct FiCqTaggedEntry {
 
 /// `struct fi_cq_err_entry` (1.5 and later; callers of API 1.0 have only the first 72 bytes).
 #[repr(C)]
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub struct FiCqErrEntry {
     pub op_context: *mut c_void,
     pub flags: u64,
