@@ -477,51 +477,23 @@ fn endpoints_send_receive_and_refuse_bad_use() {
         "after enable"
     );
 
+    let insert = |addrs: &[u8], out: &mut [u64], flags: u64| {
+        let (p, n, o) = (addrs.as_ptr().cast(), out.len(), out.as_mut_ptr());
+        call!(r(av).ops, insert(av, p, n, o, flags, null_mut()))
+    };
     // fi_av_insert: the count inserted; garbage gets FI_ADDR_NOTAVAIL, and all-garbage an error.
     let mut fi_addr = [0u64; 2];
     let both: Vec<u8> = [name_a, name_b].concat();
-    assert_eq!(
-        call!(
-            r(av).ops,
-            insert(
-                av,
-                both.as_ptr().cast(),
-                2,
-                fi_addr.as_mut_ptr(),
-                0,
-                null_mut()
-            )
-        ),
-        2
-    );
+    assert_eq!(insert(&both, &mut fi_addr[..2], 0), 2);
     assert_eq!(fi_addr, [0, 1]);
     let (to_a, to_b) = (fi_addr[0], fi_addr[1]);
     let garbage = [0x5au8; ADDR_LEN];
     let mut h = [0u64; 1];
-    assert_eq!(
-        call!(
-            r(av).ops,
-            insert(
-                av,
-                garbage.as_ptr().cast(),
-                1,
-                h.as_mut_ptr(),
-                0,
-                null_mut()
-            )
-        ),
-        -FI_EINVAL
-    );
+    assert_eq!(insert(&garbage, &mut h[..1], 0), -FI_EINVAL);
     assert_eq!(h[0], FI_ADDR_NOTAVAIL);
     let mixed: Vec<u8> = [garbage, name_b].concat();
     let mut h2 = [0u64; 2];
-    assert_eq!(
-        call!(
-            r(av).ops,
-            insert(av, mixed.as_ptr().cast(), 2, h2.as_mut_ptr(), 0, null_mut())
-        ),
-        1
-    );
+    assert_eq!(insert(&mixed, &mut h2[..2], 0), 1);
     assert_eq!(h2, [FI_ADDR_NOTAVAIL, 2]);
     assert_eq!(
         call!(
@@ -530,20 +502,7 @@ fn endpoints_send_receive_and_refuse_bad_use() {
         ),
         -FI_EINVAL
     );
-    assert_eq!(
-        call!(
-            r(av).ops,
-            insert(
-                av,
-                both.as_ptr().cast(),
-                1,
-                h.as_mut_ptr(),
-                1 << 4,
-                null_mut()
-            )
-        ),
-        -FI_EBADFLAGS
-    );
+    assert_eq!(insert(&both, &mut h[..1], 1 << 4), -FI_EBADFLAGS);
     // Service-name insertion is not offered.
     assert_eq!(
         call!(
@@ -607,6 +566,19 @@ fn endpoints_send_receive_and_refuse_bad_use() {
         call!(
             r(ep).msg,
             send(ep, buf.as_ptr().cast(), buf.len(), null_mut(), to, ctx(c))
+        )
+    };
+    let recv = |ep: *mut FidEp, buf: &mut [u8], c: usize| {
+        call!(
+            r(ep).msg,
+            recv(
+                ep,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                null_mut(),
+                0,
+                ctx(c)
+            )
         )
     };
     let big = pattern(65537, 3);
@@ -702,17 +674,7 @@ fn endpoints_send_receive_and_refuse_bad_use() {
     // Data: inline (5 B), staged DMA (1000 B, 64 KiB), and a zero-length message.
     let mut bufs: Vec<Vec<u8>> = (0..4).map(|_| vec![0u8; 65536]).collect();
     for (k, buf) in bufs.iter_mut().enumerate() {
-        let rc = call!(
-            r(b).msg,
-            recv(
-                b,
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                null_mut(),
-                0,
-                ctx(100 + k)
-            )
-        );
+        let rc = recv(b, buf, 100 + k);
         assert_eq!(rc, 0);
     }
     let payloads = [
@@ -759,20 +721,7 @@ fn endpoints_send_receive_and_refuse_bad_use() {
     for (k, want) in [&early, &late].into_iter().enumerate() {
         let buf = &mut bufs[k];
         buf.fill(0);
-        assert_eq!(
-            call!(
-                r(b).msg,
-                recv(
-                    b,
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                    null_mut(),
-                    0,
-                    ctx(200 + k)
-                )
-            ),
-            0
-        );
+        assert_eq!(recv(b, buf, 200 + k), 0);
         let e = read_n(cq_b, 1).unwrap()[0];
         assert_eq!((e.op_context as usize, e.len), (200 + k, want.len()));
         assert_eq!(&buf[..e.len], &want[..]);
@@ -789,20 +738,7 @@ fn endpoints_send_receive_and_refuse_bad_use() {
 
     // The other direction.
     let mut back = [0u8; 64];
-    assert_eq!(
-        call!(
-            r(a).msg,
-            recv(
-                a,
-                back.as_mut_ptr().cast(),
-                back.len(),
-                null_mut(),
-                0,
-                ctx(250)
-            )
-        ),
-        0
-    );
+    assert_eq!(recv(a, &mut back, 250), 0);
     let reply = pattern(33, 14);
     assert_eq!(send(b, &reply, to_a, 251), 0);
     assert_eq!(read_n(cq_b, 1).unwrap()[0].op_context as usize, 251);
@@ -812,20 +748,7 @@ fn endpoints_send_receive_and_refuse_bad_use() {
 
     // Truncation: an error entry with the bytes that did not fit.
     let mut small = [0u8; 10];
-    assert_eq!(
-        call!(
-            r(b).msg,
-            recv(
-                b,
-                small.as_mut_ptr().cast(),
-                small.len(),
-                null_mut(),
-                0,
-                ctx(300)
-            )
-        ),
-        0
-    );
+    assert_eq!(recv(b, &mut small, 300), 0);
     let long = pattern(100, 13);
     assert_eq!(send(a, &long, to_b, 6), 0);
     let err = read_err(cq_b);
@@ -842,21 +765,9 @@ fn endpoints_send_receive_and_refuse_bad_use() {
         mac: MAC,
         endpoint: 999,
     });
-    let mut to_nowhere = 0u64;
-    assert_eq!(
-        call!(
-            r(av).ops,
-            insert(
-                av,
-                nowhere.as_ptr().cast(),
-                1,
-                &mut to_nowhere,
-                0,
-                null_mut()
-            )
-        ),
-        1
-    );
+    let mut to_nowhere = [0u64];
+    assert_eq!(insert(&nowhere, &mut to_nowhere, 0), 1);
+    let to_nowhere = to_nowhere[0];
     for (k, len) in [(400, 5), (401, 500)] {
         assert_eq!(send(a, &pattern(len, 1), to_nowhere, k), 0);
         let err = read_err(cq_a);
@@ -878,13 +789,7 @@ fn endpoints_send_receive_and_refuse_bad_use() {
 
     // fi_cancel of a posted receive: an FI_ECANCELED entry; an unknown context: -FI_ENOENT.
     let mut c = [0u8; 16];
-    assert_eq!(
-        call!(
-            r(b).msg,
-            recv(b, c.as_mut_ptr().cast(), c.len(), null_mut(), 0, ctx(500))
-        ),
-        0
-    );
+    assert_eq!(recv(b, &mut c, 500), 0);
     assert_eq!(call!(r(b).ops, cancel(b.cast(), ctx(500))), 0);
     let err = read_err(cq_b);
     assert_eq!(

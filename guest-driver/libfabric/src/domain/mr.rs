@@ -31,8 +31,8 @@ static MR_FI_OPS: FiOps = FiOps {
 
 /// The `mr` table of every domain.
 pub(crate) static MR_OPS: FiOpsMr = FiOpsMr {
-    reg: Some(mr_reg),
-    regv: Some(mr_regv),
+    reg: Some(mr_reg::<c_void>),
+    regv: Some(mr_reg::<libc::iovec>),
     ..FiOpsMr::ENOSYS
 };
 
@@ -66,10 +66,12 @@ fn register(
     0
 }
 
+/// `fi_mr_reg` (`T = c_void`: a buffer of `len` bytes) and `fi_mr_regv` (`T = iovec`: `len`
+/// entries): the memory itself is never used.
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn mr_reg(
+unsafe extern "C" fn mr_reg<T>(
     domain: *mut Fid,
-    buf: *const c_void,
+    mem: *const T,
     len: usize,
     _access: u64,
     _offset: u64,
@@ -79,27 +81,7 @@ unsafe extern "C" fn mr_reg(
     context: *mut c_void,
 ) -> c_int {
     guard("fi_mr_reg", || {
-        if buf.is_null() && len > 0 {
-            return -FI_EINVAL;
-        }
-        register(domain, key, flags, out, context)
-    })
-}
-
-#[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn mr_regv(
-    domain: *mut Fid,
-    iov: *const libc::iovec,
-    count: usize,
-    _access: u64,
-    _offset: u64,
-    key: u64,
-    flags: u64,
-    out: *mut *mut FidMr,
-    context: *mut c_void,
-) -> c_int {
-    guard("fi_mr_regv", || {
-        if iov.is_null() && count > 0 {
+        if mem.is_null() && len > 0 {
             return -FI_EINVAL;
         }
         register(domain, key, flags, out, context)
