@@ -13,6 +13,8 @@ pub const DEFAULT_TX_BUFFERS: usize = 15;
 pub const RING_SIZE: u32 = 256;
 /// Guest memory of the host-process guest, in MiB.
 pub const DEFAULT_MEMORY_MIB: u64 = 64;
+/// Empty CQ reads in a row after which each empty read yields the CPU.
+pub const DEFAULT_YIELD_AFTER: u32 = 16;
 /// Endpoint ids tried, from 1, when `FI_SVNIC_ENDPOINT` is not set.
 pub const ENDPOINT_SEARCH: u32 = 64;
 
@@ -31,6 +33,9 @@ pub struct Config {
     pub tx_buffers: usize,
     /// `FI_SVNIC_MEMORY_MIB` (16..=4096).
     pub memory_mib: u64,
+    /// `FI_SVNIC_YIELD_AFTER`: empty CQ reads in a row before each further one yields the CPU
+    /// (0: never yield).
+    pub yield_after: u32,
 }
 
 fn var<T: std::str::FromStr + PartialOrd>(name: &str, default: T, lo: T, hi: T) -> T {
@@ -61,6 +66,7 @@ impl Config {
             rx_buffers: var("FI_SVNIC_RX_BUFFERS", DEFAULT_RX_BUFFERS, 1, 256),
             tx_buffers: var("FI_SVNIC_TX_BUFFERS", DEFAULT_TX_BUFFERS, 1, 256),
             memory_mib: var("FI_SVNIC_MEMORY_MIB", DEFAULT_MEMORY_MIB, 16, 4096),
+            yield_after: var("FI_SVNIC_YIELD_AFTER", DEFAULT_YIELD_AFTER, 0, u32::MAX),
         }
     }
 

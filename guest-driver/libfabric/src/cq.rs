@@ -6,6 +6,7 @@
 
 use std::collections::VecDeque;
 use std::os::raw::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use crate::ffi::eq::*;
@@ -57,16 +58,22 @@ pub struct CqInner {
     format: c_int,
     wait_obj: c_int,
     api_version: u32,
+    /// Empty reads in a row after which each further empty read yields the CPU
+    /// (`FI_SVNIC_YIELD_AFTER`; 0: never).
+    yield_after: u32,
+    empty_reads: AtomicU32,
     state: Mutex<CqState>,
 }
 
 impl CqInner {
     /// A queue of entries in `format` (CONTEXT, MSG, DATA or TAGGED).
-    pub fn new(format: c_int, wait_obj: c_int, api_version: u32) -> CqInner {
+    pub fn new(format: c_int, wait_obj: c_int, api_version: u32, yield_after: u32) -> CqInner {
         CqInner {
             format,
             wait_obj,
             api_version,
+            yield_after,
+            empty_reads: AtomicU32::new(0),
             state: Mutex::default(),
         }
     }
@@ -154,10 +161,23 @@ impl CqInner {
             }
             n += 1;
         }
+        drop(s);
         if n == 0 {
+            self.idle();
             -(FI_EAGAIN as isize)
         } else {
+            self.empty_reads.store(0, Ordering::Relaxed);
             n as isize
+        }
+    }
+
+    /// An empty read. Applications poll CQs in tight loops (fi_pingpong, MPI), and the engine
+    /// worker that must run for anything to arrive may share their CPU: after `yield_after`
+    /// empty reads in a row, every empty read gives the CPU away once.
+    fn idle(&self) {
+        let n = self.empty_reads.fetch_add(1, Ordering::Relaxed);
+        if self.yield_after > 0 && n >= self.yield_after {
+            std::thread::yield_now();
         }
     }
 
@@ -319,6 +339,7 @@ static CQ_OPS: FiOpsCq = FiOpsCq {
 /// wait objects NONE, YIELD and UNSPEC (becomes YIELD); no flags, no wait sets.
 pub(crate) fn open(
     api_version: u32,
+    yield_after: u32,
     attr: Option<&mut FiCqAttr>,
     out: *mut *mut FidCq,
     context: *mut c_void,
@@ -350,7 +371,7 @@ pub(crate) fn open(
             },
             ops: &CQ_OPS,
         },
-        inner: Arc::new(CqInner::new(attr.format, wait, api_version)),
+        inner: Arc::new(CqInner::new(attr.format, wait, api_version, yield_after)),
     });
     // SAFETY: checked non-NULL.
     unsafe { put(out, Box::into_raw(cq).cast::<FidCq>()) };

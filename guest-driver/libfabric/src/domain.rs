@@ -147,6 +147,7 @@ unsafe extern "C" fn domain_cq_open(
         // SAFETY: NULL or the application's attributes.
         cq::open(
             dom.inner().api_version,
+            dom.inner().cfg.yield_after,
             unsafe { attr.as_mut() },
             out,
             context,
