@@ -344,6 +344,18 @@ fn read_err(cq: *mut FidCq) -> FiCqErrEntry {
     err
 }
 
+/// Waits up to `ms` for `fd` to become readable (poll(2)); true if it did.
+fn readable(fd: c_int, ms: c_int) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd.
+    let n = unsafe { libc::poll(&mut p, 1, ms) };
+    n == 1 && p.revents & libc::POLLIN != 0
+}
+
 fn ctx(n: usize) -> *mut c_void {
     n as *mut c_void
 }
@@ -371,7 +383,10 @@ fn endpoints_send_receive_and_refuse_bad_use() {
     );
 
     // Completion queues: formats and wait objects svnic lacks are refused.
-    assert_eq!(cq_open(dom, FI_CQ_FORMAT_DATA, FI_WAIT_FD, 0).0, -FI_ENOSYS);
+    assert_eq!(
+        cq_open(dom, FI_CQ_FORMAT_DATA, FI_WAIT_SET, 0).0,
+        -FI_ENOSYS
+    );
     assert_eq!(
         cq_open(dom, FI_CQ_FORMAT_DATA, FI_WAIT_NONE, 1).0,
         -FI_EBADFLAGS
@@ -801,6 +816,98 @@ fn endpoints_send_receive_and_refuse_bad_use() {
         -(FI_ENOENT as isize)
     );
 
+    // FI_WAIT_FD: the descriptor of fi_control(FI_GETWAIT) becomes readable when a completion
+    // arrives after fi_trywait said 0; fi_trywait with something to read says -FI_EAGAIN.
+    let (rc, cq_w) = cq_open(dom, FI_CQ_FORMAT_DATA, FI_WAIT_FD, 0);
+    assert_eq!(rc, 0);
+    let mut c: *mut FidEp = null_mut();
+    assert_eq!(
+        call!(r(dom).ops, endpoint(dom, info, &mut c, null_mut())),
+        0
+    );
+    assert_eq!(bind(c, av.cast(), 0), 0);
+    assert_eq!(
+        bind(c, cq_w.cast(), op_flags::FI_TRANSMIT | op_flags::FI_RECV),
+        0
+    );
+    assert_eq!(enable(c), 0);
+    let mut to_c = [0u64];
+    assert_eq!(insert(&getname(c), &mut to_c, 0), 1);
+    let to_c = to_c[0];
+    let mut obj: c_int = -1;
+    let mut fd: c_int = -1;
+    let control = |what: c_int, out: &mut c_int| {
+        let arg = (out as *mut c_int).cast();
+        call!(r(cq_w).fid.ops, control(cq_w.cast(), what, arg))
+    };
+    assert_eq!(control(FI_GETWAITOBJ, &mut obj), 0);
+    assert_eq!(obj, FI_WAIT_FD);
+    assert_eq!(control(FI_GETWAIT, &mut fd), 0);
+    assert!(fd >= 0);
+    let mut none_fd = -1;
+    assert_eq!(
+        call!(
+            r(cq_a).fid.ops,
+            control(cq_a.cast(), FI_GETWAIT, (&mut none_fd as *mut c_int).cast())
+        ),
+        -FI_ENODATA
+    );
+    let trywait = |fid: *mut Fid| {
+        let mut fids = [fid];
+        call!(r(fabric).ops, trywait(fabric, fids.as_mut_ptr(), 1))
+    };
+    assert_eq!(trywait(cq_a.cast()), -FI_EINVAL, "no wait object");
+    assert_eq!(trywait(&mut foreign), -FI_EINVAL, "another provider's CQ");
+    let mut wbuf = vec![0u8; 4096];
+    for round in 0..3usize {
+        assert_eq!(recv(c, &mut wbuf, 600 + round), 0);
+        assert_eq!(
+            trywait(cq_w.cast()),
+            0,
+            "round {round}: nothing to read yet"
+        );
+        assert!(
+            !readable(fd, 0),
+            "round {round}: readable before anything was sent"
+        );
+        let p = pattern(100 + round * 1000, 15);
+        assert_eq!(send(a, &p, to_c, 700 + round), 0);
+        assert_eq!(read_n(cq_a, 1).unwrap()[0].op_context as usize, 700 + round);
+        assert!(
+            readable(fd, 10_000),
+            "round {round}: the descriptor never became readable"
+        );
+        assert_eq!(
+            trywait(cq_w.cast()),
+            -FI_EAGAIN,
+            "round {round}: a completion waits"
+        );
+        let e = read_n(cq_w, 1).unwrap()[0];
+        assert_eq!((e.op_context as usize, e.len), (600 + round, p.len()));
+        assert_eq!(&wbuf[..e.len], &p[..]);
+        assert!(
+            !readable(fd, 0),
+            "round {round}: the read drained the descriptor"
+        );
+    }
+    // fi_cq_sread blocks on the descriptor: a timeout with nothing, then a completion.
+    let mut one: FiCqDataEntry = zeroed();
+    let one_ptr = (&mut one as *mut FiCqDataEntry).cast();
+    assert_eq!(
+        call!(r(cq_w).ops, sread(cq_w, one_ptr, 1, null(), 50)),
+        EAGAIN
+    );
+    assert_eq!(recv(c, &mut wbuf, 650), 0);
+    assert_eq!(send(a, &pattern(7, 16), to_c, 750), 0);
+    assert_eq!(
+        call!(r(cq_w).ops, sread(cq_w, one_ptr, 1, null(), 10_000)),
+        1
+    );
+    assert_eq!((one.op_context as usize, one.len), (650, 7));
+    assert_eq!(read_n(cq_a, 1).unwrap()[0].op_context as usize, 750);
+    close(c.cast());
+    close(cq_w.cast());
+
     // Closing: a fid of the right class that is not the provider's is refused; then everything.
     let mut fake_ep = Fid {
         fclass: FI_CLASS_EP,
@@ -829,7 +936,11 @@ fn endpoints_send_receive_and_refuse_bad_use() {
         .collect();
     assert_eq!(
         states,
-        [(1, ChannelState::Destroyed), (2, ChannelState::Destroyed)],
+        [
+            (1, ChannelState::Destroyed),
+            (2, ChannelState::Destroyed),
+            (3, ChannelState::Destroyed)
+        ],
         "closing the endpoints destroyed their channels"
     );
 }

@@ -6,12 +6,13 @@
 
 use std::collections::VecDeque;
 use std::os::raw::{c_char, c_int, c_void};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use crate::ffi::eq::*;
 use crate::ffi::errno::*;
 use crate::ffi::*;
+use crate::wait::{FdWait, Progress};
 use crate::{eq, free_object, guard, object, put, FidObject};
 
 /// What failed, for an error entry.
@@ -40,12 +41,6 @@ pub struct CqEntry {
     pub err: Option<ErrInfo>,
 }
 
-/// Something bound to a queue whose progress feeds it (an endpoint).
-pub trait Progress: Send + Sync + std::fmt::Debug {
-    /// Polls for completions and writes them into the queues the source is bound to.
-    fn progress(&self);
-}
-
 #[derive(Debug, Default)]
 struct CqState {
     entries: VecDeque<CqEntry>,
@@ -62,18 +57,30 @@ pub struct CqInner {
     /// (`FI_SVNIC_YIELD_AFTER`; 0: never).
     yield_after: u32,
     empty_reads: AtomicU32,
+    /// `FI_WAIT_FD` queues: the descriptor and its waker.
+    fd_wait: Option<FdWait>,
+    /// Set by a successful `fi_trywait`, cleared by the next read.
+    armed: AtomicBool,
     state: Mutex<CqState>,
 }
 
 impl CqInner {
     /// A queue of entries in `format` (CONTEXT, MSG, DATA or TAGGED).
-    pub fn new(format: c_int, wait_obj: c_int, api_version: u32, yield_after: u32) -> CqInner {
+    pub fn new(
+        format: c_int,
+        wait_obj: c_int,
+        api_version: u32,
+        yield_after: u32,
+        fd_wait: Option<FdWait>,
+    ) -> CqInner {
         CqInner {
             format,
             wait_obj,
             api_version,
             yield_after,
             empty_reads: AtomicU32::new(0),
+            fd_wait,
+            armed: AtomicBool::new(false),
             state: Mutex::default(),
         }
     }
@@ -96,13 +103,24 @@ impl CqInner {
         }
     }
 
-    /// Progresses every live endpoint bound to the queue (without holding the queue's lock).
+    fn live_sources(&self) -> Vec<Arc<dyn Progress>> {
+        let mut s = self.lock();
+        s.sources.retain(|w| w.strong_count() > 0);
+        s.sources.iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Progresses every live endpoint bound to the queue (without holding the queue's lock),
+    /// after ending a wait `fi_trywait` armed.
     pub fn progress(&self) {
-        let sources: Vec<Arc<dyn Progress>> = {
-            let mut s = self.lock();
-            s.sources.retain(|w| w.strong_count() > 0);
-            s.sources.iter().filter_map(Weak::upgrade).collect()
-        };
+        let sources = self.live_sources();
+        if self.armed.swap(false, Ordering::AcqRel) {
+            if let Some(w) = &self.fd_wait {
+                w.disarm();
+            }
+            for source in &sources {
+                source.set_sleeping(false);
+            }
+        }
         for source in sources {
             source.progress();
         }
@@ -282,16 +300,77 @@ impl CqInner {
     }
 
     /// `fi_trywait` for this queue: `-FI_EAGAIN` if an entry is (or becomes, after progress)
-    /// available, 0 if the caller may block, `-FI_EINVAL` without a wait object.
+    /// available, 0 if the caller may block, `-FI_EINVAL` without a wait object. For
+    /// `FI_WAIT_FD`, 0 also means the descriptor will become readable when the engine wakes one
+    /// of the bound endpoints (see the wait module).
     pub fn trywait(&self) -> c_int {
         if self.wait_obj == FI_WAIT_NONE {
             return -FI_EINVAL;
         }
         self.progress();
-        if self.is_empty() {
-            0
-        } else {
-            -FI_EAGAIN
+        if !self.is_empty() {
+            return -FI_EAGAIN;
+        }
+        let Some(w) = &self.fd_wait else { return 0 };
+        let sources = self.live_sources();
+        for source in &sources {
+            source.set_sleeping(true);
+        }
+        // Anything the engine published before it could see the flags is found here.
+        for source in &sources {
+            source.progress();
+        }
+        if !self.is_empty() {
+            for source in &sources {
+                source.set_sleeping(false);
+            }
+            return -FI_EAGAIN;
+        }
+        w.arm(sources.iter().map(Arc::downgrade).collect());
+        self.armed.store(true, Ordering::Release);
+        0
+    }
+
+    /// `fi_cq_sread` of an `FI_WAIT_FD` queue: read; if empty, trywait and poll the descriptor,
+    /// until an entry (or error) arrives or `timeout` ms pass (-1: forever).
+    ///
+    /// # Safety
+    /// As [`CqInner::read`].
+    unsafe fn sread_fd(
+        &self,
+        w: &FdWait,
+        buf: *mut c_void,
+        count: usize,
+        src: *mut u64,
+        timeout: c_int,
+    ) -> isize {
+        let deadline = u64::try_from(timeout)
+            .ok()
+            .map(|ms| std::time::Instant::now() + std::time::Duration::from_millis(ms));
+        loop {
+            // SAFETY: per the contract above.
+            let r = unsafe { self.read(buf, count, src) };
+            if r != -(FI_EAGAIN as isize) {
+                return r;
+            }
+            let left = match deadline {
+                None => -1,
+                Some(d) => match d.checked_duration_since(std::time::Instant::now()) {
+                    Some(left) if !left.is_zero() => {
+                        c_int::try_from(left.as_millis().max(1)).unwrap_or(c_int::MAX)
+                    }
+                    _ => return r,
+                },
+            };
+            if self.trywait() == 0 {
+                let mut p = libc::pollfd {
+                    fd: w.fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one live pollfd.
+                let _ = unsafe { libc::poll(&mut p, 1, left) };
+            }
         }
     }
 }
@@ -336,7 +415,7 @@ static CQ_OPS: FiOpsCq = FiOpsCq {
 };
 
 /// `fi_cq_open`: formats UNSPEC (becomes CONTEXT, written back), CONTEXT, MSG, DATA, TAGGED;
-/// wait objects NONE, YIELD and UNSPEC (becomes YIELD); no flags, no wait sets.
+/// wait objects NONE, YIELD, FD and UNSPEC (becomes FD); no flags, no wait sets.
 pub(crate) fn open(
     api_version: u32,
     yield_after: u32,
@@ -358,9 +437,21 @@ pub(crate) fn open(
     }
     let wait = match attr.wait_obj {
         FI_WAIT_NONE => FI_WAIT_NONE,
-        FI_WAIT_UNSPEC | FI_WAIT_YIELD => FI_WAIT_YIELD,
-        FI_WAIT_FD | FI_WAIT_SET | FI_WAIT_MUTEX_COND => return -FI_ENOSYS,
+        FI_WAIT_YIELD => FI_WAIT_YIELD,
+        FI_WAIT_UNSPEC | FI_WAIT_FD => FI_WAIT_FD,
+        FI_WAIT_SET | FI_WAIT_MUTEX_COND => return -FI_ENOSYS,
         _ => return -FI_EINVAL,
+    };
+    let fd_wait = if wait == FI_WAIT_FD {
+        match FdWait::new() {
+            Ok(w) => Some(w),
+            Err(e) => {
+                log::warn!("svnic provider: cannot create a CQ wait descriptor: {e}");
+                return -FI_ENOMEM;
+            }
+        }
+    } else {
+        None
     };
     let cq = Box::new(SvnicCq {
         c: FidCq {
@@ -371,7 +462,13 @@ pub(crate) fn open(
             },
             ops: &CQ_OPS,
         },
-        inner: Arc::new(CqInner::new(attr.format, wait, api_version, yield_after)),
+        inner: Arc::new(CqInner::new(
+            attr.format,
+            wait,
+            api_version,
+            yield_after,
+            fd_wait,
+        )),
     });
     // SAFETY: checked non-NULL.
     unsafe { put(out, Box::into_raw(cq).cast::<FidCq>()) };
@@ -411,8 +508,16 @@ unsafe extern "C" fn cq_control(fid: *mut Fid, command: c_int, arg: *mut c_void)
                 unsafe { put(arg.cast::<c_int>(), cq.inner.wait_obj) };
                 0
             }
-            // No file descriptor or mutex to hand out for NONE and YIELD.
-            FI_GETWAIT => -FI_ENODATA,
+            FI_GETWAIT if !arg.is_null() => match &cq.inner.fd_wait {
+                Some(w) => {
+                    // SAFETY: FI_GETWAIT's argument of an FI_WAIT_FD object is an int.
+                    unsafe { put(arg.cast::<c_int>(), w.fd()) };
+                    0
+                }
+                // No descriptor or mutex to hand out for NONE and YIELD.
+                None => -FI_ENODATA,
+            },
+            FI_GETWAIT | FI_GETWAITOBJ => -FI_EINVAL,
             _ => -FI_ENOSYS,
         }
     })
@@ -464,8 +569,9 @@ unsafe extern "C" fn cq_sread(
     unsafe { cq_sreadfrom(c, buf, count, std::ptr::null_mut(), cond, timeout) }
 }
 
-/// `fi_cq_sread`: with a YIELD wait object, reads with a `sched_yield` between attempts until
-/// something arrives or `timeout` ms pass (-1: forever); `-FI_EAGAIN` on timeout.
+/// `fi_cq_sread`: until something arrives or `timeout` ms pass (-1: forever; `-FI_EAGAIN` on
+/// timeout): with a YIELD wait object, reads with a `sched_yield` between attempts; with FD,
+/// blocks on the descriptor between attempts.
 unsafe extern "C" fn cq_sreadfrom(
     c: *mut FidCq,
     buf: *mut c_void,
@@ -481,6 +587,10 @@ unsafe extern "C" fn cq_sreadfrom(
         };
         if cq.inner.wait_obj == FI_WAIT_NONE {
             return -(FI_ENOSYS as isize);
+        }
+        if let Some(w) = &cq.inner.fd_wait {
+            // SAFETY: the application's buffers, per fi_cq_sread's contract.
+            return unsafe { cq.inner.sread_fd(w, buf, count, src, timeout) };
         }
         let deadline = u64::try_from(timeout)
             .ok()

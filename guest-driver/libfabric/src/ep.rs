@@ -15,15 +15,19 @@
 use std::collections::{HashMap, VecDeque};
 use std::os::raw::{c_int, c_void};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
 
+use svnic_channels::layout::header;
 use svnic_channels::message::INLINE_CAPACITY;
+use svnic_channels::ChannelMem;
 use svnic_channels::{ChannelAddr, Completion, CompletionStatus, DataRef, Message};
 use svnic_client::{Channel, ChannelError, Completions};
+use svnic_host_frontend::host_guest::ChannelWaiter;
 
 use crate::addr::{self, ADDR_LEN};
 use crate::attach::{DomainInner, CONTROL_TIMEOUT};
 use crate::av::{AvInner, SvnicAv};
-use crate::cq::{CqEntry, CqInner, ErrInfo, Progress, SvnicCq};
+use crate::cq::{CqEntry, CqInner, ErrInfo, SvnicCq};
 use crate::eq::SvnicEq;
 use crate::errors::{self, PROV_CANCELED, PROV_CHANNEL_FAILED, PROV_TRUNCATED};
 use crate::ffi::endpoint::atomic::FiOpsAtomic;
@@ -35,6 +39,7 @@ use crate::ffi::endpoint::*;
 use crate::ffi::errno::*;
 use crate::ffi::*;
 use crate::info::{INJECT_SIZE, IOV_LIMIT, RX_SIZE, TX_SIZE};
+use crate::wait::Progress;
 use crate::{free_object, guard, object, put, FidObject};
 
 /// Cookies of posted bounce buffers carry this bit (send cookies never do).
@@ -139,6 +144,7 @@ struct EpState {
 #[derive(Debug)]
 pub struct EpInner {
     domain: Arc<DomainInner>,
+    waiter: ChannelWaiter,
     state: Mutex<EpState>,
 }
 
@@ -238,6 +244,7 @@ pub(crate) fn open(
     }
     let at = |i: u64| layout.data_offset + i * msg;
     let addr = channel.addr();
+    let waiter = d.guest.waiter(&channel);
     log::info!(
         "svnic provider: endpoint {addr} ({rx} receive, {tx} staging buffers of {msg} bytes)"
     );
@@ -282,6 +289,7 @@ pub(crate) fn open(
         },
         inner: Arc::new(EpInner {
             domain: d,
+            waiter,
             state: Mutex::new(state),
         }),
     });
@@ -358,6 +366,26 @@ fn one_segment(buf: *const c_void, len: usize) -> Result<Segments, c_int> {
 impl Progress for EpInner {
     fn progress(&self) {
         EpInner::progress(self);
+    }
+
+    fn set_sleeping(&self, sleeping: bool) {
+        let s = self.lock();
+        if let Some(ch) = &s.channel {
+            if let Ok(mem) = ChannelMem::new(ch.region().slice(), *ch.layout()) {
+                mem.set_sleeping(header::GUEST_SLEEPING, sleeping);
+            }
+        }
+    }
+
+    fn wait_wake(&self, timeout: Duration) -> bool {
+        match self.waiter.wait_for_wake(timeout) {
+            Ok(woke) => woke,
+            Err(e) => {
+                log::debug!("svnic provider: waiting for a wake: {e}");
+                std::thread::sleep(timeout);
+                false
+            }
+        }
     }
 }
 

@@ -31,6 +31,7 @@ pub mod errors;
 pub mod fabric;
 pub mod ffi;
 pub mod info;
+pub mod wait;
 
 use std::cell::UnsafeCell;
 use std::os::raw::{c_char, c_int};
@@ -110,9 +111,11 @@ impl StderrLog {
     }
 }
 
-/// Called by libfabric's destructor at process exit: the provider starts no threads and holds
-/// no global state, so there is nothing to stop.
-unsafe extern "C" fn svnic_cleanup() {}
+/// Called by libfabric's destructor at process exit, before the library is unloaded: stops the
+/// only threads the provider starts (the waker threads of `FI_WAIT_FD` CQs).
+unsafe extern "C" fn svnic_cleanup() {
+    let _ = catch_unwind(wait::stop_all);
+}
 
 /// What an entry point returns when its body panicked (a bug): `-FI_EOTHER`, or NULL for the
 /// entry points that return strings.
