@@ -597,6 +597,28 @@ fn endpoints_send_receive_and_refuse_bad_use() {
         )
     };
     let big = pattern(65537, 3);
+    // Lengths far beyond max_msg_size are refused before anything is read or allocated.
+    let huge = call!(
+        r(a).msg,
+        send(
+            a,
+            data.as_ptr().cast(),
+            1 << 40,
+            null_mut(),
+            to_b,
+            null_mut()
+        )
+    );
+    assert_eq!(huge, -(FI_EMSGSIZE as isize));
+    let halves = [libc::iovec {
+        iov_base: data.as_ptr() as *mut c_void,
+        iov_len: usize::MAX / 2 + 1,
+    }; 2];
+    let wrap = call!(
+        r(a).msg,
+        sendv(a, halves.as_ptr(), null_mut(), 2, to_b, null_mut())
+    );
+    assert_eq!(wrap, -(FI_EMSGSIZE as isize), "lengths whose sum overflows");
     assert_eq!(send(a, &data, 99, 0), EINVAL, "unknown fi_addr");
     assert_eq!(send(a, &data, FI_ADDR_NOTAVAIL, 0), EINVAL);
     assert_eq!(

@@ -76,7 +76,7 @@ struct PostedRecv {
 
 impl PostedRecv {
     fn capacity(&self) -> usize {
-        self.segs.iter().map(|s| s.1).sum()
+        self.segs.iter().fold(0usize, |a, s| a.saturating_add(s.1))
     }
 }
 
@@ -145,6 +145,7 @@ struct EpState {
 pub struct EpInner {
     domain: Arc<DomainInner>,
     waiter: ChannelWaiter,
+    max_msg: usize,
     state: Mutex<EpState>,
 }
 
@@ -290,6 +291,7 @@ pub(crate) fn open(
         inner: Arc::new(EpInner {
             domain: d,
             waiter,
+            max_msg: cfg.max_msg_size,
             state: Mutex::new(state),
         }),
     });
@@ -322,10 +324,11 @@ unsafe fn scatter(segs: &Segments, src: &[u8]) -> usize {
 /// # Safety
 /// Every segment must be readable application memory.
 unsafe fn gather(segs: &Segments, max: usize) -> Result<Vec<u8>, c_int> {
-    let total: usize = segs.iter().map(|s| s.1).sum();
-    if total > max {
-        return Err(FI_EMSGSIZE);
-    }
+    let total = segs
+        .iter()
+        .try_fold(0usize, |a, s| a.checked_add(s.1))
+        .filter(|&t| t <= max)
+        .ok_or(FI_EMSGSIZE)?;
     let mut v = Vec::with_capacity(total);
     for &(base, len) in segs {
         if len > 0 {
@@ -1085,7 +1088,8 @@ fn do_send(
     let Some(e) = (unsafe { ep(e) }) else {
         return EINVAL;
     };
-    let max = if inject { INJECT_SIZE } else { usize::MAX };
+    // Checked before anything is copied or allocated.
+    let max = if inject { INJECT_SIZE } else { e.inner.max_msg };
     // SAFETY: the segments were built from the application's buffers, readable for the call.
     let data = match segs.and_then(|s| unsafe { gather(&s, max) }) {
         Ok(d) => d,
