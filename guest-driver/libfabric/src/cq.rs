@@ -203,7 +203,13 @@ impl CqInner {
     /// `at` must have room for one entry of the queue's format.
     unsafe fn write_entry(&self, at: *mut u8, e: &CqEntry) {
         let ctx = e.ctx as *mut c_void;
-        let buf = e.buf as *mut c_void;
+        let data = FiCqDataEntry {
+            op_context: ctx,
+            flags: e.flags,
+            len: e.len,
+            buf: e.buf as *mut c_void,
+            data: 0,
+        };
         match self.format {
             // SAFETY: per the contract above (each arm).
             FI_CQ_FORMAT_CONTEXT => unsafe { put(at.cast(), FiCqEntry { op_context: ctx }) },
@@ -219,28 +225,13 @@ impl CqInner {
                 )
             },
             // SAFETY: as above.
-            FI_CQ_FORMAT_DATA => unsafe {
-                put(
-                    at.cast(),
-                    FiCqDataEntry {
-                        op_context: ctx,
-                        flags: e.flags,
-                        len: e.len,
-                        buf,
-                        data: 0,
-                    },
-                )
-            },
+            FI_CQ_FORMAT_DATA => unsafe { put(at.cast(), data) },
             // SAFETY: as above.
             _ => unsafe {
                 put(
                     at.cast(),
                     FiCqTaggedEntry {
-                        op_context: ctx,
-                        flags: e.flags,
-                        len: e.len,
-                        buf,
-                        data: 0,
+                        data_entry: data,
                         tag: 0,
                     },
                 )
@@ -616,4 +607,146 @@ unsafe extern "C" fn cq_strerror(
     len: usize,
 ) -> *const c_char {
     guard("fi_cq_strerror", || eq::strerror(prov_errno, buf, len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ptr::null_mut;
+
+    /// Reads into `out`, whose element type must be the queue's format.
+    fn read<T>(cq: &CqInner, out: &mut [T], src: *mut u64) -> isize {
+        // SAFETY: `out` holds out.len() entries of the queue's format (the callers' choice of
+        // T), and `src` is NULL or as long.
+        unsafe { cq.read(out.as_mut_ptr().cast(), out.len(), src) }
+    }
+
+    fn readerr(cq: &CqInner, e: &mut FiCqErrEntry) -> isize {
+        // SAFETY: a whole 1.17 error entry (larger than the 1.0 one).
+        unsafe { cq.readerr(e) }
+    }
+
+    fn entry(ctx: usize, err: Option<ErrInfo>) -> CqEntry {
+        CqEntry {
+            ctx,
+            flags: op_flags::FI_RECV | op_flags::FI_MSG,
+            len: 10 + ctx,
+            buf: 0x1000 + ctx,
+            err,
+        }
+    }
+
+    #[test]
+    fn entries_are_written_in_every_format_and_errors_stop_reads() {
+        // CONTEXT
+        let cq = CqInner::new(
+            FI_CQ_FORMAT_CONTEXT,
+            FI_WAIT_NONE,
+            fi_version(1, 17),
+            0,
+            None,
+        );
+        cq.push(entry(1, None));
+        cq.push(entry(2, None));
+        let mut c = [FiCqEntry {
+            op_context: null_mut(),
+        }; 3];
+        assert_eq!(read(&cq, &mut c, null_mut()), 2);
+        assert_eq!((c[0].op_context as usize, c[1].op_context as usize), (1, 2));
+        assert_eq!(read(&cq, &mut c, null_mut()), -(FI_EAGAIN as isize));
+
+        // MSG, with a source array (no FI_SOURCE: not available)
+        let cq = CqInner::new(FI_CQ_FORMAT_MSG, FI_WAIT_NONE, fi_version(1, 17), 0, None);
+        cq.push(entry(3, None));
+        let mut m = [FiCqMsgEntry {
+            op_context: null_mut(),
+            flags: 0,
+            len: 0,
+        }; 2];
+        let mut src = [7u64; 2];
+        assert_eq!(read(&cq, &mut m, src.as_mut_ptr()), 1);
+        assert_eq!(
+            (m[0].op_context as usize, m[0].flags, m[0].len),
+            (3, op_flags::FI_RECV | op_flags::FI_MSG, 13)
+        );
+        assert_eq!(src, [FI_ADDR_NOTAVAIL, 7]);
+
+        // TAGGED: the DATA fields, then a zero tag; an error entry stops the read at it.
+        let cq = CqInner::new(
+            FI_CQ_FORMAT_TAGGED,
+            FI_WAIT_NONE,
+            fi_version(1, 17),
+            0,
+            None,
+        );
+        let err = ErrInfo {
+            err: FI_ETRUNC,
+            prov_errno: 1001,
+            olen: 5,
+        };
+        cq.push(entry(4, None));
+        cq.push(entry(5, Some(err)));
+        let blank = FiCqTaggedEntry {
+            data_entry: FiCqDataEntry {
+                op_context: null_mut(),
+                flags: 0,
+                len: 0,
+                buf: null_mut(),
+                data: 9,
+            },
+            tag: 9,
+        };
+        let mut t = [blank; 2];
+        assert_eq!(read(&cq, &mut t, null_mut()), 1);
+        let d = t[0].data_entry;
+        assert_eq!(
+            (
+                d.op_context as usize,
+                d.len,
+                d.buf as usize,
+                d.data,
+                t[0].tag
+            ),
+            (4, 14, 0x1004, 0, 0)
+        );
+        assert_eq!(t[1].tag, 9, "nothing written past the entries read");
+        assert_eq!(read(&cq, &mut t, null_mut()), -(FI_EAVAIL as isize));
+        let mut e = FiCqErrEntry {
+            op_context: null_mut(),
+            flags: 0,
+            len: 0,
+            buf: null_mut(),
+            data: 0,
+            tag: 0,
+            olen: 0,
+            err: 0,
+            prov_errno: 0,
+            err_data: null_mut(),
+            err_data_size: 99,
+        };
+        assert_eq!(readerr(&cq, &mut e), 1);
+        assert_eq!(
+            (e.op_context as usize, e.err, e.prov_errno, e.olen, e.len),
+            (5, FI_ETRUNC, 1001, 5, 15)
+        );
+        assert_eq!((e.err_data, e.err_data_size), (null_mut(), 0));
+        assert_eq!(readerr(&cq, &mut e), -(FI_EAGAIN as isize));
+
+        // API 1.0 callers have a 72-byte entry: nothing is written at err_data_size.
+        let cq = CqInner::new(FI_CQ_FORMAT_DATA, FI_WAIT_NONE, fi_version(1, 0), 0, None);
+        cq.push(entry(6, Some(err)));
+        e.err_data_size = 99;
+        assert_eq!(readerr(&cq, &mut e), 1);
+        assert_eq!((e.op_context as usize, e.err_data_size), (6, 99));
+    }
+
+    #[test]
+    fn trywait_needs_a_wait_object() {
+        let cq = CqInner::new(FI_CQ_FORMAT_DATA, FI_WAIT_NONE, fi_version(1, 17), 0, None);
+        assert_eq!(cq.trywait(), -FI_EINVAL);
+        let cq = CqInner::new(FI_CQ_FORMAT_DATA, FI_WAIT_YIELD, fi_version(1, 17), 0, None);
+        assert_eq!(cq.trywait(), 0);
+        cq.push(entry(1, None));
+        assert_eq!(cq.trywait(), -FI_EAGAIN);
+    }
 }

@@ -56,11 +56,8 @@ pub struct FiCqDataEntry {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct FiCqTaggedEntry {
-    pub op_context: *mut c_void,
-    pub flags: u64,
-    pub len: usize,
-    pub buf: *mut c_void,
-    pub data: u64,
+    /// The fields of `struct fi_cq_data_entry`, in the same order.
+    pub data_entry: FiCqDataEntry,
     pub tag: u64,
 }
 

@@ -12,14 +12,14 @@ pub struct FiContext {
     pub internal: [*mut c_void; 4],
 }
 
-/// `getinfo` of `struct fi_provider`.
+/// `getinfo` of `struct fi_provider`: (version, node, service, flags, hints, info).
 pub type GetinfoFn = unsafe extern "C" fn(
-    version: u32,
-    node: *const c_char,
-    service: *const c_char,
-    flags: u64,
-    hints: *const FiInfo,
-    info: *mut *mut FiInfo,
+    u32,
+    *const c_char,
+    *const c_char,
+    u64,
+    *const FiInfo,
+    *mut *mut FiInfo,
 ) -> c_int;
 /// `fabric` of `struct fi_provider`.
 pub type FabricFn = unsafe extern "C" fn(
