@@ -375,6 +375,7 @@ fn endpoints_send_receive_and_refuse_bad_use() {
     let d = DaemonFixture::start("fi-api", &[(MAC, "")], EngineOverrides::default());
     std::env::set_var("FI_SVNIC_SOCKET", d.sock(1));
     std::env::remove_var("FI_SVNIC_ENDPOINT");
+    std::env::set_var("FI_SVNIC_PEER_TIMEOUT_MS", "200");
     let (info, fabric) = open_fabric();
     let mut dom = null_mut();
     assert_eq!(
@@ -927,6 +928,19 @@ fn endpoints_send_receive_and_refuse_bad_use() {
     );
     assert_eq!((one.op_context as usize, one.len), (650, 7));
     assert_eq!(read_n(cq_a, 1).unwrap()[0].op_context as usize, 750);
+
+    // Peer liveness: c sent to a, so when a's endpoint goes away while c waits for a message,
+    // c's probe meets NoRoute and the waiting receive fails instead of waiting forever.
+    assert_eq!(send(c, &pattern(8, 17), to_a, 800), 0);
+    assert_eq!(read_n(cq_w, 1).unwrap()[0].op_context as usize, 800);
+    assert_eq!(recv(c, &mut wbuf, 801), 0);
+    close(a.cast());
+    let err = read_err(cq_w);
+    assert_eq!(
+        (err.op_context as usize, err.err, err.prov_errno),
+        (801, FI_EHOSTUNREACH, 1),
+        "the receive fails with the engine's NoRoute"
+    );
     close(c.cast());
     close(cq_w.cast());
 
@@ -936,9 +950,8 @@ fn endpoints_send_receive_and_refuse_bad_use() {
         context: null_mut(),
         ops: &FOREIGN_OPS,
     };
-    assert_eq!(call!(r(a).fid.ops, close(&mut fake_ep)), -FI_EINVAL);
+    assert_eq!(call!(r(b).fid.ops, close(&mut fake_ep)), -FI_EINVAL);
     for fid in [
-        a.cast(),
         b.cast(),
         cq_a.cast(),
         cq_b.cast(),

@@ -203,6 +203,73 @@ fn size_and_table_parsing() {
     );
 }
 
+/// A fi_pingpong server with `args` on guest 1 of `d`, and once it listens its client on
+/// guest 2 (each process's output into its log); on a fresh control port.
+fn start_pingpong(
+    d: &DaemonFixture,
+    args: &[&str],
+    server_log: &Path,
+    client_log: &Path,
+) -> (KillOnDrop, KillOnDrop) {
+    let port = free_port().to_string();
+    let spawn = |guest: u8, extra: &[&str], log: &Path| {
+        let out = std::fs::File::create(log).unwrap();
+        let mut c = fi_tool("fi_pingpong", Some(&d.sock(guest)));
+        c.args(args)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stderr(out.try_clone().unwrap())
+            .stdout(out);
+        kill_with_parent(&mut c);
+        KillOnDrop(c.spawn().unwrap())
+    };
+    let mut server = spawn(1, &["-B", &port], server_log);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !listening(port.parse().unwrap()) {
+        assert!(Instant::now() < deadline, "the server never listened");
+        assert!(server.0.try_wait().unwrap().is_none(), "the server exited");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let client = spawn(2, &["-P", &port, "127.0.0.1"], client_log);
+    (server, client)
+}
+
+#[test]
+fn fi_pingpong_survivor_of_a_killed_peer_gets_an_error_not_a_hang() {
+    let d = DaemonFixture::start(
+        "fi-kill",
+        &[(MAC1, ""), (MAC2, "")],
+        EngineOverrides::default(),
+    );
+    let scratch = ScratchDir::new("fi-kill").unwrap();
+    let (server_log, client_log) = (
+        scratch.path().join("server.log"),
+        scratch.path().join("client.log"),
+    );
+    // 16 B goes by fi_inject, which has no completion: only the provider's probe of the peer can
+    // end the server's wait for the next message.
+    let args = ["-p", "svnic", "-e", "dgram", "-S", "16", "-I", "100000000"];
+    let (mut server, mut client) = start_pingpong(&d, &args, &server_log, &client_log);
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        client.0.try_wait().unwrap().is_none(),
+        "the client ended early:\n{}",
+        std::fs::read_to_string(&client_log).unwrap()
+    );
+    client.0.kill().unwrap();
+    let killed = Instant::now();
+    let status = server.wait_until(killed + Duration::from_secs(60)).unwrap();
+    let out = std::fs::read_to_string(&server_log).unwrap();
+    let status =
+        status.unwrap_or_else(|| panic!("the server still waits 60 s after its peer died:\n{out}"));
+    assert!(!status.success(), "{out}");
+    assert!(
+        out.contains("cq_readerr: svnic: no route to destination")
+            || out.contains("cq_readerr: svnic: destination channel gone"),
+        "{status:?}\n{out}"
+    );
+}
+
 #[test]
 fn fi_pingpong_dgram_between_two_guests_every_size_to_64k_verified() {
     let d = DaemonFixture::start(
@@ -211,37 +278,16 @@ fn fi_pingpong_dgram_between_two_guests_every_size_to_64k_verified() {
         EngineOverrides::default(),
     );
     let scratch = ScratchDir::new("fi-pingpong").unwrap();
-    let port = free_port().to_string();
     let iterations = "20";
     let common = [
         "-p", "svnic", "-e", "dgram", "-S", "all", "-c", "-I", iterations,
     ];
 
-    let server_log = scratch.path().join("server.log");
-    let mut c = fi_tool("fi_pingpong", Some(&d.sock(1)));
-    c.args(common)
-        .args(["-B", &port])
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&server_log).unwrap())
-        .stderr(Stdio::inherit());
-    kill_with_parent(&mut c);
-    let mut server = KillOnDrop(c.spawn().unwrap());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !listening(port.parse().unwrap()) {
-        assert!(Instant::now() < deadline, "the server never listened");
-        assert!(server.0.try_wait().unwrap().is_none(), "the server exited");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-
-    let client_log = scratch.path().join("client.log");
-    let mut c = fi_tool("fi_pingpong", Some(&d.sock(2)));
-    c.args(common)
-        .args(["-P", &port, "127.0.0.1"])
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&client_log).unwrap())
-        .stderr(Stdio::inherit());
-    kill_with_parent(&mut c);
-    let mut client = KillOnDrop(c.spawn().unwrap());
+    let (server_log, client_log) = (
+        scratch.path().join("server.log"),
+        scratch.path().join("client.log"),
+    );
+    let (mut server, mut client) = start_pingpong(&d, &common, &server_log, &client_log);
 
     let deadline = Instant::now() + LONG;
     let client_status = client.wait_until(deadline).unwrap();

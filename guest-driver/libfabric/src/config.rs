@@ -15,6 +15,8 @@ pub const RING_SIZE: u32 = 256;
 pub const DEFAULT_MEMORY_MIB: u64 = 64;
 /// Empty CQ reads in a row after which each empty read yields the CPU.
 pub const DEFAULT_YIELD_AFTER: u32 = 16;
+/// How long receives may wait with nothing arriving before the endpoint probes its peers.
+pub const DEFAULT_PEER_TIMEOUT_MS: u64 = 1000;
 /// Endpoint ids tried, from 1, when `FI_SVNIC_ENDPOINT` is not set.
 pub const ENDPOINT_SEARCH: u32 = 64;
 
@@ -36,6 +38,9 @@ pub struct Config {
     /// `FI_SVNIC_YIELD_AFTER`: empty CQ reads in a row before each further one yields the CPU
     /// (0: never yield).
     pub yield_after: u32,
+    /// `FI_SVNIC_PEER_TIMEOUT_MS`: receives waiting this long with nothing arriving make the
+    /// endpoint probe the peers it sent to (0: never).
+    pub peer_timeout_ms: u64,
 }
 
 fn var<T: std::str::FromStr + PartialOrd>(name: &str, default: T, lo: T, hi: T) -> T {
@@ -67,6 +72,12 @@ impl Config {
             tx_buffers: var("FI_SVNIC_TX_BUFFERS", DEFAULT_TX_BUFFERS, 1, 256),
             memory_mib: var("FI_SVNIC_MEMORY_MIB", DEFAULT_MEMORY_MIB, 16, 4096),
             yield_after: var("FI_SVNIC_YIELD_AFTER", DEFAULT_YIELD_AFTER, 0, u32::MAX),
+            peer_timeout_ms: var(
+                "FI_SVNIC_PEER_TIMEOUT_MS",
+                DEFAULT_PEER_TIMEOUT_MS,
+                0,
+                3_600_000,
+            ),
         }
     }
 

@@ -11,11 +11,16 @@
 //!   copied, up to the receive queue size) until the next `fi_recv`, so the engine
 //!   backpressures the sender instead of the provider dropping.
 //! - Progress is manual: CQ reads and every post call poll the channel.
+//! - Peer liveness: DGRAM gives a receiver no way to learn that its peer died, so while receives
+//!   have waited `FI_SVNIC_PEER_TIMEOUT_MS` with nothing arriving, the endpoint probes the peers
+//!   it sent to (a zero-length user-data message the receiving provider discards, at most one in
+//!   flight per peer). A probe the engine answers with NoRoute, DestinationGone or
+//!   DestinationFaulted fails the oldest posted receive with that error, and forgets the peer.
 
 use std::collections::{HashMap, VecDeque};
 use std::os::raw::{c_int, c_void};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use svnic_channels::layout::header;
 use svnic_channels::message::INLINE_CAPACITY;
@@ -44,6 +49,10 @@ use crate::{free_object, guard, object, put, FidObject};
 
 /// Cookies of posted bounce buffers carry this bit (send cookies never do).
 const BOUNCE_TAG: u64 = 1 << 63;
+/// Cookies of liveness probes carry this bit; the receiver sees it and discards the probe.
+const PROBE_TAG: u64 = 1 << 62;
+/// Peers an endpoint remembers for probing.
+const MAX_PEERS: usize = 64;
 /// Times a send that met `NoBuffer`/`RingFull` is sent again before the error is reported.
 const MAX_RETRIES: u32 = 8;
 /// Messages taken from the RX ring per poll.
@@ -138,6 +147,11 @@ struct EpState {
     scratch: Vec<Message>,
     passes: u32,
     dropped: u64,
+    /// Peers sent to, with the cookie of the probe in flight to each.
+    peers: HashMap<ChannelAddr, Option<u64>>,
+    /// When something last arrived (or a receive was posted, or peers were probed).
+    last_rx: Instant,
+    peer_timeout: Option<Duration>,
 }
 
 /// The endpoint state, shared with the CQs it is bound to.
@@ -272,6 +286,9 @@ pub(crate) fn open(
         scratch: Vec::with_capacity(POLL_BATCH),
         passes: 0,
         dropped: 0,
+        peers: HashMap::new(),
+        last_rx: Instant::now(),
+        peer_timeout: (cfg.peer_timeout_ms > 0).then(|| Duration::from_millis(cfg.peer_timeout_ms)),
     };
     let ep = Box::new(SvnicEp {
         c: FidEp {
@@ -425,6 +442,10 @@ impl EpInner {
         }
         let report =
             report.unwrap_or(!s.rx_selective || s.rx_op_flags & op_flags::FI_COMPLETION != 0);
+        if s.recvs.is_empty() {
+            // The wait the peer timeout measures starts now.
+            s.last_rx = Instant::now();
+        }
         s.recvs.push_back(PostedRecv { segs, ctx, report });
         if let Some(a) = s.unexpected.pop_front() {
             if let Some(r) = s.recvs.pop_front() {
@@ -488,7 +509,83 @@ impl EpState {
         }
         self.scratch = msgs;
         self.retry_deferred();
+        self.probe_peers();
         self.flush();
+    }
+
+    /// Probes every peer without a probe in flight when receives have waited for the peer
+    /// timeout with nothing arriving (see the module documentation).
+    fn probe_peers(&mut self) {
+        let Some(timeout) = self.peer_timeout else {
+            return;
+        };
+        if self.recvs.is_empty() || self.peers.is_empty() || self.last_rx.elapsed() < timeout {
+            return;
+        }
+        self.last_rx = Instant::now();
+        let idle: Vec<ChannelAddr> = self
+            .peers
+            .iter()
+            .filter(|(_, probe)| probe.is_none())
+            .map(|(a, _)| *a)
+            .collect();
+        for peer in idle {
+            let cookie = PROBE_TAG | self.next_cookie;
+            self.next_cookie = (self.next_cookie + 1) & !(BOUNCE_TAG | PROBE_TAG);
+            let Some(ch) = self.channel.as_mut() else {
+                return;
+            };
+            match ch.send_user(peer, cookie, &[], Completions::Always) {
+                Ok(true) => {
+                    self.peers.insert(peer, Some(cookie));
+                }
+                Ok(false) => return,
+                Err(e) => {
+                    self.fail(&e);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The engine's answer to a probe: a peer that is gone fails the oldest posted receive.
+    fn probe_done(&mut self, c: Completion) {
+        let Some(peer) = self
+            .peers
+            .iter()
+            .find(|(_, probe)| **probe == Some(c.cookie))
+            .map(|(a, _)| *a)
+        else {
+            return;
+        };
+        let gone = matches!(
+            c.status,
+            CompletionStatus::NoRoute
+                | CompletionStatus::DestinationGone
+                | CompletionStatus::DestinationFaulted
+        );
+        if !gone {
+            self.peers.insert(peer, None);
+            return;
+        }
+        self.peers.remove(&peer);
+        log::info!("svnic provider: peer {peer} is gone: {}", c.status);
+        let (Some(r), Some(err)) = (self.recvs.pop_front(), errors::send_error(c.status)) else {
+            return;
+        };
+        if let Some(cq) = &self.rx_cq {
+            cq.push(CqEntry {
+                ctx: r.ctx,
+                flags: op_flags::FI_RECV | op_flags::FI_MSG,
+                len: 0,
+                buf: 0,
+                err: Some(ErrInfo {
+                    err,
+                    prov_errno: c_int::from(c.status.code()),
+                    olen: 0,
+                }),
+            });
+        }
     }
 
     fn flush(&mut self) {
@@ -500,13 +597,16 @@ impl EpState {
 
     fn handle(&mut self, m: Message) {
         match m {
+            Message::UserData(u) if u.cookie & PROBE_TAG != 0 && u.len == 0 => {}
             Message::UserData(u) => {
+                self.last_rx = Instant::now();
                 let d = u.data();
                 let mut data = [0u8; INLINE_CAPACITY];
                 data[..d.len()].copy_from_slice(d);
                 self.arrived(Arrived::Inline { data, len: d.len() });
             }
             Message::DmaData(d) => {
+                self.last_rx = Instant::now();
                 let idx = (d.cookie & !BOUNCE_TAG) as usize;
                 let ok = d.cookie & BOUNCE_TAG != 0
                     && self.bounces.get(idx) == Some(&d.data.offset)
@@ -520,6 +620,7 @@ impl EpState {
                     log::warn!("svnic provider: DMA-data into an unknown buffer ignored: {d:?}");
                 }
             }
+            Message::Completion(c) if c.cookie & PROBE_TAG != 0 => self.probe_done(c),
             Message::Completion(c) if c.cookie & BOUNCE_TAG != 0 => {
                 log::warn!(
                     "svnic provider: the engine refused a receive buffer: {}",
@@ -645,7 +746,7 @@ impl EpState {
             Payload::Staged(slot, data.len())
         };
         let cookie = self.next_cookie;
-        self.next_cookie = (self.next_cookie + 1) & !BOUNCE_TAG;
+        self.next_cookie = (self.next_cookie + 1) & !(BOUNCE_TAG | PROBE_TAG);
         let report =
             report.unwrap_or(!self.tx_selective || self.tx_op_flags & op_flags::FI_COMPLETION != 0);
         let p = PendingSend {
@@ -658,6 +759,9 @@ impl EpState {
         };
         match self.transmit(cookie, &p) {
             Ok(true) => {
+                if self.peers.len() < MAX_PEERS {
+                    self.peers.entry(peer).or_insert(None);
+                }
                 self.pending.insert(cookie, p);
                 self.flush();
                 Ok(())
