@@ -573,6 +573,11 @@ impl EpState {
         let (Some(r), Some(err)) = (self.recvs.pop_front(), errors::send_error(c.status)) else {
             return;
         };
+        self.fail_recv(&r, err, c_int::from(c.status.code()));
+    }
+
+    /// Completes a posted receive (already taken off the queue) with an error entry.
+    fn fail_recv(&self, r: &PostedRecv, err: c_int, prov_errno: c_int) {
         if let Some(cq) = &self.rx_cq {
             cq.push(CqEntry {
                 ctx: r.ctx,
@@ -581,7 +586,7 @@ impl EpState {
                 buf: 0,
                 err: Some(ErrInfo {
                     err,
-                    prov_errno: c_int::from(c.status.code()),
+                    prov_errno,
                     olen: 0,
                 }),
             });
@@ -900,16 +905,8 @@ impl EpState {
             self.finish(p, eio);
         }
         let recvs: Vec<PostedRecv> = self.recvs.drain(..).collect();
-        if let Some(cq) = &self.rx_cq {
-            for r in recvs {
-                cq.push(CqEntry {
-                    ctx: r.ctx,
-                    flags: op_flags::FI_RECV | op_flags::FI_MSG,
-                    len: 0,
-                    buf: 0,
-                    err: eio,
-                });
-            }
+        for r in &recvs {
+            self.fail_recv(r, FI_EIO, PROV_CHANNEL_FAILED);
         }
     }
 
@@ -957,19 +954,7 @@ impl EpState {
         let Some(r) = self.recvs.remove(pos) else {
             return Err(FI_ENOENT);
         };
-        if let Some(cq) = &self.rx_cq {
-            cq.push(CqEntry {
-                ctx: r.ctx,
-                flags: op_flags::FI_RECV | op_flags::FI_MSG,
-                len: 0,
-                buf: 0,
-                err: Some(ErrInfo {
-                    err: FI_ECANCELED,
-                    prov_errno: PROV_CANCELED,
-                    olen: 0,
-                }),
-            });
-        }
+        self.fail_recv(&r, FI_ECANCELED, PROV_CANCELED);
         Ok(())
     }
 }
@@ -1227,23 +1212,34 @@ unsafe extern "C" fn ep_recvv(
     })
 }
 
-unsafe extern "C" fn ep_recvmsg(e: *mut FidEp, msg: *const FiMsg, flags: u64) -> isize {
-    guard("fi_recvmsg", || {
-        // SAFETY: NULL or the application's message.
-        let Some(m) = (unsafe { msg.as_ref() }) else {
-            return EINVAL;
-        };
-        if flags & !RECV_FLAGS != 0 {
-            return -(FI_EBADFLAGS as isize);
-        }
-        let report = (flags & op_flags::FI_COMPLETION != 0).then_some(true);
+/// The parts of an `fi_msg` that `fi_recvmsg`/`fi_sendmsg` use, checked: `msg` non-NULL,
+/// `flags` within `allowed`.
+struct MsgParts {
+    segs: Result<Segments, c_int>,
+    addr: u64,
+    context: *mut c_void,
+    report: Option<bool>,
+}
+
+fn unpack(msg: *const FiMsg, flags: u64, allowed: u64) -> Result<MsgParts, isize> {
+    // SAFETY: NULL or the application's message.
+    let m = unsafe { msg.as_ref() }.ok_or(EINVAL)?;
+    if flags & !allowed != 0 {
+        return Err(-(FI_EBADFLAGS as isize));
+    }
+    Ok(MsgParts {
         // SAFETY: the message's iovec array of `iov_count` entries.
-        do_recv(
-            e,
-            unsafe { segments(m.msg_iov, m.iov_count) },
-            m.context,
-            report,
-        )
+        segs: unsafe { segments(m.msg_iov, m.iov_count) },
+        addr: m.addr,
+        context: m.context,
+        report: (flags & op_flags::FI_COMPLETION != 0).then_some(true),
+    })
+}
+
+unsafe extern "C" fn ep_recvmsg(e: *mut FidEp, msg: *const FiMsg, flags: u64) -> isize {
+    guard("fi_recvmsg", || match unpack(msg, flags, RECV_FLAGS) {
+        Ok(m) => do_recv(e, m.segs, m.context, m.report),
+        Err(r) => r,
     })
 }
 
@@ -1275,24 +1271,9 @@ unsafe extern "C" fn ep_sendv(
 }
 
 unsafe extern "C" fn ep_sendmsg(e: *mut FidEp, msg: *const FiMsg, flags: u64) -> isize {
-    guard("fi_sendmsg", || {
-        // SAFETY: NULL or the application's message.
-        let Some(m) = (unsafe { msg.as_ref() }) else {
-            return EINVAL;
-        };
-        if flags & !SEND_FLAGS != 0 {
-            return -(FI_EBADFLAGS as isize);
-        }
-        let report = (flags & op_flags::FI_COMPLETION != 0).then_some(true);
-        // SAFETY: the message's iovec array of `iov_count` entries.
-        do_send(
-            e,
-            unsafe { segments(m.msg_iov, m.iov_count) },
-            m.addr,
-            m.context,
-            report,
-            false,
-        )
+    guard("fi_sendmsg", || match unpack(msg, flags, SEND_FLAGS) {
+        Ok(m) => do_send(e, m.segs, m.addr, m.context, m.report, false),
+        Err(r) => r,
     })
 }
 
