@@ -73,7 +73,8 @@ static PROVIDER: ProviderCell = ProviderCell(UnsafeCell::new(FiProvider {
 /// The entry point libfabric looks up with `dlsym` after loading the library.
 #[no_mangle]
 pub extern "C" fn fi_prov_ini() -> *mut FiProvider {
-    StderrLog::install();
+    // A logger that cannot be installed is no reason to fail the provider.
+    let _ = catch_unwind(StderrLog::install);
     PROVIDER.0.get()
 }
 
