@@ -14,6 +14,12 @@ command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 # kill(1), with which the VM tests stop QEMU (tests/src/vm.rs). `type -P` looks on PATH only:
 # bash's builtin `kill` would otherwise hide a missing procps (absent from minimal images).
 type -P kill >/dev/null 2>&1 || need_apt+=(procps)
+# libfabric 1.17 (the svnic provider's tests load it into fi_info and fi_pingpong, and build a C
+# test program against its headers): the library, its headers, and its tools.
+[ -e /usr/lib/x86_64-linux-gnu/libfabric.so.1 ] || ldconfig -p 2>/dev/null | grep -q 'libfabric\.so\.1 ' ||
+    need_apt+=(libfabric1)
+[ -e /usr/include/rdma/fabric.h ] || need_apt+=(libfabric-dev)
+command -v fi_pingpong >/dev/null 2>&1 || need_apt+=(libfabric-bin)
 if ((${#need_apt[@]})); then
     if [ "$(id -u)" = 0 ]; then
         apt-get update -qq

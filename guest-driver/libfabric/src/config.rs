@@ -1,0 +1,91 @@
+//! The provider's environment variables (read when an object is created; getinfo reads only
+//! the sizes, never connects).
+
+use std::path::PathBuf;
+
+/// Largest message (`ep_attr->max_msg_size`), and the size of every receive bounce buffer.
+pub const DEFAULT_MAX_MSG_SIZE: usize = 64 << 10;
+/// Receive bounce buffers posted in every channel.
+pub const DEFAULT_RX_BUFFERS: usize = 16;
+/// Send staging slots in every channel (one per DMA-data send in flight).
+pub const DEFAULT_TX_BUFFERS: usize = 15;
+/// Slots per ring of every channel.
+pub const RING_SIZE: u32 = 256;
+/// Guest memory of the host-process guest, in MiB.
+pub const DEFAULT_MEMORY_MIB: u64 = 64;
+/// Empty CQ reads in a row after which each empty read yields the CPU.
+pub const DEFAULT_YIELD_AFTER: u32 = 16;
+/// How long receives may wait with nothing arriving before the endpoint probes its peers.
+pub const DEFAULT_PEER_TIMEOUT_MS: u64 = 1000;
+/// Endpoint ids tried, from 1, when `FI_SVNIC_ENDPOINT` is not set.
+pub const ENDPOINT_SEARCH: u32 = 64;
+
+/// The configuration of one process.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `FI_SVNIC_SOCKET`: the vhost-user socket of the host-process guest.
+    pub socket: Option<PathBuf>,
+    /// `FI_SVNIC_ENDPOINT`: the endpoint id of the (first) endpoint; else the first free one.
+    pub endpoint: Option<u32>,
+    /// `FI_SVNIC_MAX_MSG_SIZE` (bytes, 41..=1 MiB).
+    pub max_msg_size: usize,
+    /// `FI_SVNIC_RX_BUFFERS` (1..=256).
+    pub rx_buffers: usize,
+    /// `FI_SVNIC_TX_BUFFERS` (1..=256).
+    pub tx_buffers: usize,
+    /// `FI_SVNIC_MEMORY_MIB` (16..=4096).
+    pub memory_mib: u64,
+    /// `FI_SVNIC_YIELD_AFTER`: empty CQ reads in a row before each further one yields the CPU
+    /// (0: never yield).
+    pub yield_after: u32,
+    /// `FI_SVNIC_PEER_TIMEOUT_MS`: receives waiting this long with nothing arriving make the
+    /// endpoint probe the peers it sent to (0: never).
+    pub peer_timeout_ms: u64,
+}
+
+fn var<T: std::str::FromStr + PartialOrd>(name: &str, default: T, lo: T, hi: T) -> T {
+    match std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse::<T>().ok())
+    {
+        Some(v) if v >= lo && v <= hi => v,
+        Some(_) => {
+            log::warn!("svnic provider: {name} out of range; using the default");
+            default
+        }
+        None => default,
+    }
+}
+
+impl Config {
+    /// Reads the environment.
+    pub fn from_env() -> Config {
+        Config {
+            socket: std::env::var_os("FI_SVNIC_SOCKET")
+                .filter(|s| !s.is_empty())
+                .map(PathBuf::from),
+            endpoint: std::env::var("FI_SVNIC_ENDPOINT")
+                .ok()
+                .and_then(|v| v.trim().parse().ok()),
+            max_msg_size: var("FI_SVNIC_MAX_MSG_SIZE", DEFAULT_MAX_MSG_SIZE, 41, 1 << 20),
+            rx_buffers: var("FI_SVNIC_RX_BUFFERS", DEFAULT_RX_BUFFERS, 1, 256),
+            tx_buffers: var("FI_SVNIC_TX_BUFFERS", DEFAULT_TX_BUFFERS, 1, 256),
+            memory_mib: var("FI_SVNIC_MEMORY_MIB", DEFAULT_MEMORY_MIB, 16, 4096),
+            yield_after: var("FI_SVNIC_YIELD_AFTER", DEFAULT_YIELD_AFTER, 0, u32::MAX),
+            peer_timeout_ms: var(
+                "FI_SVNIC_PEER_TIMEOUT_MS",
+                DEFAULT_PEER_TIMEOUT_MS,
+                0,
+                3_600_000,
+            ),
+        }
+    }
+
+    /// The channel region: room for the header and rings (64 KiB is more than 256-slot rings
+    /// need) plus every bounce buffer and staging slot, rounded up to 2 MiB.
+    pub fn region_len(&self) -> u64 {
+        let data = (self.rx_buffers + self.tx_buffers) as u64 * self.max_msg_size as u64;
+        let need = data + (64 << 10);
+        need.div_ceil(2 << 20) * (2 << 20)
+    }
+}

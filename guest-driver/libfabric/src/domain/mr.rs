@@ -1,0 +1,101 @@
+//! Memory registration: svnic requires none (every payload is copied through the channel's data
+//! area), but applications may register anyway; a registration is a key and nothing else.
+
+use std::os::raw::{c_int, c_void};
+
+use super::SvnicDomain;
+use crate::ffi::domain::{FiOpsMr, FidMr};
+use crate::ffi::errno::*;
+use crate::ffi::{FiOps, Fid, FI_CLASS_MR};
+use crate::{free_object, guard, object, put, FidObject};
+
+/// A registration.
+#[repr(C)]
+#[derive(Debug)]
+pub struct SvnicMr {
+    c: FidMr,
+}
+
+// SAFETY: repr(C), FidMr (which begins with struct fid) first, MR_FI_OPS is its own.
+unsafe impl FidObject for SvnicMr {
+    const CLASS: usize = FI_CLASS_MR;
+    fn fi_ops() -> *const FiOps {
+        &MR_FI_OPS
+    }
+}
+
+static MR_FI_OPS: FiOps = FiOps {
+    close: Some(mr_close),
+    ..FiOps::ENOSYS
+};
+
+/// The `mr` table of every domain.
+pub(crate) static MR_OPS: FiOpsMr = FiOpsMr {
+    reg: Some(mr_reg::<c_void>),
+    regv: Some(mr_reg::<libc::iovec>),
+    ..FiOpsMr::ENOSYS
+};
+
+fn register(
+    domain: *mut Fid,
+    key: u64,
+    flags: u64,
+    out: *mut *mut FidMr,
+    context: *mut c_void,
+) -> c_int {
+    // SAFETY: the application's domain fid, recognised before use.
+    if unsafe { object::<SvnicDomain>(domain) }.is_none() || out.is_null() {
+        return -FI_EINVAL;
+    }
+    if flags != 0 {
+        return -FI_EBADFLAGS;
+    }
+    let mr = Box::new(SvnicMr {
+        c: FidMr {
+            fid: Fid {
+                fclass: FI_CLASS_MR,
+                context,
+                ops: &MR_FI_OPS,
+            },
+            mem_desc: std::ptr::null_mut(),
+            key,
+        },
+    });
+    // SAFETY: checked non-NULL.
+    unsafe { put(out, Box::into_raw(mr).cast::<FidMr>()) };
+    0
+}
+
+/// `fi_mr_reg` (`T = c_void`: a buffer of `len` bytes) and `fi_mr_regv` (`T = iovec`: `len`
+/// entries): the memory itself is never used.
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn mr_reg<T>(
+    domain: *mut Fid,
+    mem: *const T,
+    len: usize,
+    _access: u64,
+    _offset: u64,
+    key: u64,
+    flags: u64,
+    out: *mut *mut FidMr,
+    context: *mut c_void,
+) -> c_int {
+    guard("fi_mr_reg", || {
+        if mem.is_null() && len > 0 {
+            return -FI_EINVAL;
+        }
+        register(domain, key, flags, out, context)
+    })
+}
+
+unsafe extern "C" fn mr_close(fid: *mut Fid) -> c_int {
+    guard("mr close", || {
+        // SAFETY: the application's fid, recognised before use.
+        if unsafe { object::<SvnicMr>(fid) }.is_none() {
+            return -FI_EINVAL;
+        }
+        // SAFETY: recognised, from Box::into_raw, closed once.
+        unsafe { free_object::<SvnicMr>(fid) };
+        0
+    })
+}

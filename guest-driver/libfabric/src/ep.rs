@@ -1,0 +1,1291 @@
+//! The DGRAM endpoint: one svnic channel.
+//!
+//! - Sends of at most 40 bytes travel inline in one user-data message; larger ones are copied
+//!   into a staging slot of the channel's data area and sent as DMA-data. Every send asks the
+//!   engine for its completion, which frees the slot and writes the CQ entry (none for
+//!   `fi_inject`). `NoBuffer`/`RingFull` are retried by the provider before they are reported.
+//! - Receives: the provider keeps `FI_SVNIC_RX_BUFFERS` bounce buffers of `max_msg_size` bytes
+//!   posted in the channel; the application's receives wait in a FIFO. A message is copied
+//!   into the head receive (truncation is an `FI_ETRUNC` error entry) and its bounce buffer is
+//!   posted again. A message with no receive waiting keeps its bounce buffer (inline ones are
+//!   copied, up to the receive queue size) until the next `fi_recv`, so the engine
+//!   backpressures the sender instead of the provider dropping.
+//! - Progress is manual: CQ reads and every post call poll the channel.
+//! - Peer liveness: DGRAM gives a receiver no way to learn that its peer died, so while receives
+//!   have waited `FI_SVNIC_PEER_TIMEOUT_MS` with nothing arriving, the endpoint probes the peers
+//!   it sent to (a zero-length user-data message the receiving provider discards, at most one in
+//!   flight per peer). A probe the engine answers with NoRoute, DestinationGone or
+//!   DestinationFaulted fails the oldest posted receive with that error, and forgets the peer.
+
+use std::collections::{HashMap, VecDeque};
+use std::os::raw::{c_int, c_void};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use svnic_channels::layout::header;
+use svnic_channels::message::INLINE_CAPACITY;
+use svnic_channels::ChannelMem;
+use svnic_channels::{ChannelAddr, Completion, CompletionStatus, DataRef, Message};
+use svnic_client::{Channel, ChannelError, Completions};
+use svnic_host_frontend::host_guest::ChannelWaiter;
+
+use crate::addr::{self, ADDR_LEN};
+use crate::attach::{DomainInner, CONTROL_TIMEOUT};
+use crate::av::{AvInner, SvnicAv};
+use crate::cq::{CqEntry, CqInner, ErrInfo, SvnicCq};
+use crate::eq::SvnicEq;
+use crate::errors::{self, PROV_CANCELED, PROV_CHANNEL_FAILED, PROV_TRUNCATED};
+use crate::ffi::endpoint::atomic::FiOpsAtomic;
+use crate::ffi::endpoint::cm::FiOpsCm;
+use crate::ffi::endpoint::collective::FiOpsCollective;
+use crate::ffi::endpoint::rma::FiOpsRma;
+use crate::ffi::endpoint::tagged::FiOpsTagged;
+use crate::ffi::endpoint::*;
+use crate::ffi::errno::*;
+use crate::ffi::*;
+use crate::info::{INJECT_SIZE, IOV_LIMIT, RX_SIZE, TX_SIZE};
+use crate::wait::Progress;
+use crate::{free_object, guard, object, put, FidObject};
+
+/// Cookies of posted bounce buffers carry this bit (send cookies never do).
+const BOUNCE_TAG: u64 = 1 << 63;
+/// Cookies of liveness probes carry this bit; the receiver sees it and discards the probe.
+const PROBE_TAG: u64 = 1 << 62;
+/// Peers an endpoint remembers for probing.
+const MAX_PEERS: usize = 64;
+/// Times a send that met `NoBuffer`/`RingFull` is sent again before the error is reported.
+const MAX_RETRIES: u32 = 8;
+/// Messages taken from the RX ring per poll.
+const POLL_BATCH: usize = 64;
+/// Progress passes between two services of the guest's NIC (control answers, stray frames).
+const NIC_SERVICE_EVERY: u32 = 1024;
+
+/// Flags `fi_sendmsg` accepts.
+const SEND_FLAGS: u64 = op_flags::FI_COMPLETION
+    | op_flags::FI_INJECT
+    | op_flags::FI_INJECT_COMPLETE
+    | op_flags::FI_TRANSMIT_COMPLETE
+    | op_flags::FI_DELIVERY_COMPLETE
+    | op_flags::FI_MORE
+    | op_flags::FI_MSG
+    | op_flags::FI_SEND;
+/// Flags `fi_recvmsg` accepts.
+const RECV_FLAGS: u64 =
+    op_flags::FI_COMPLETION | op_flags::FI_MORE | op_flags::FI_MSG | op_flags::FI_RECV;
+
+/// A scatter/gather list of the application's memory: (address, length) pairs.
+type Segments = Vec<(usize, usize)>;
+
+#[derive(Debug)]
+struct PostedRecv {
+    segs: Segments,
+    ctx: usize,
+    report: bool,
+}
+
+impl PostedRecv {
+    fn capacity(&self) -> usize {
+        self.segs.iter().fold(0usize, |a, s| a.saturating_add(s.1))
+    }
+}
+
+#[derive(Debug)]
+enum Arrived {
+    Inline {
+        data: [u8; INLINE_CAPACITY],
+        len: usize,
+    },
+    Bounce {
+        idx: usize,
+        len: usize,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Payload {
+    Inline([u8; INLINE_CAPACITY], usize),
+    Staged(u64, usize),
+}
+
+#[derive(Debug)]
+struct PendingSend {
+    ctx: usize,
+    report: bool,
+    inject: bool,
+    dest: ChannelAddr,
+    payload: Payload,
+    retries: u32,
+}
+
+/// What to do with one engine completion of a send.
+enum SendOutcome {
+    Retry,
+    Done(Option<ErrInfo>),
+}
+
+#[derive(Debug)]
+struct EpState {
+    channel: Option<Channel>,
+    addr: ChannelAddr,
+    av: Option<Arc<AvInner>>,
+    tx_cq: Option<Arc<CqInner>>,
+    rx_cq: Option<Arc<CqInner>>,
+    tx_selective: bool,
+    rx_selective: bool,
+    tx_op_flags: u64,
+    rx_op_flags: u64,
+    enabled: bool,
+    failed: bool,
+    max_msg: usize,
+    bounces: Vec<u64>,
+    staging_free: Vec<u64>,
+    recvs: VecDeque<PostedRecv>,
+    unexpected: VecDeque<Arrived>,
+    pending: HashMap<u64, PendingSend>,
+    deferred: VecDeque<u64>,
+    next_cookie: u64,
+    scratch: Vec<Message>,
+    passes: u32,
+    dropped: u64,
+    /// Peers sent to, with the cookie of the probe in flight to each.
+    peers: HashMap<ChannelAddr, Option<u64>>,
+    /// When something last arrived (or a receive was posted, or peers were probed).
+    last_rx: Instant,
+    peer_timeout: Option<Duration>,
+}
+
+/// The endpoint state, shared with the CQs it is bound to.
+#[derive(Debug)]
+pub struct EpInner {
+    domain: Arc<DomainInner>,
+    waiter: ChannelWaiter,
+    max_msg: usize,
+    state: Mutex<EpState>,
+}
+
+/// An endpoint.
+#[repr(C)]
+#[derive(Debug)]
+pub struct SvnicEp {
+    c: FidEp,
+    inner: Arc<EpInner>,
+}
+
+// SAFETY: repr(C), FidEp (which begins with struct fid) first, EP_FI_OPS is its own.
+unsafe impl FidObject for SvnicEp {
+    const CLASS: usize = FI_CLASS_EP;
+    fn fi_ops() -> *const FiOps {
+        &EP_FI_OPS
+    }
+}
+
+static EP_FI_OPS: FiOps = FiOps {
+    close: Some(ep_close),
+    bind: Some(ep_bind),
+    control: Some(ep_control),
+    ..FiOps::ENOSYS
+};
+
+static EP_OPS: FiOpsEp = FiOpsEp {
+    cancel: Some(ep_cancel),
+    getopt: Some(ep_getopt),
+    setopt: Some(ep_setopt),
+    rx_size_left: Some(ep_rx_size_left),
+    tx_size_left: Some(ep_tx_size_left),
+    ..FiOpsEp::ENOSYS
+};
+
+static CM_OPS: FiOpsCm = FiOpsCm {
+    getname: Some(ep_getname),
+    ..FiOpsCm::ENOSYS
+};
+
+static MSG_OPS: FiOpsMsg = FiOpsMsg {
+    recv: Some(ep_recv),
+    recvv: Some(ep_recvv),
+    recvmsg: Some(ep_recvmsg),
+    send: Some(ep_send),
+    sendv: Some(ep_sendv),
+    sendmsg: Some(ep_sendmsg),
+    inject: Some(ep_inject),
+    ..FiOpsMsg::ENOSYS
+};
+
+static RMA_OPS: FiOpsRma = FiOpsRma::ENOSYS;
+static TAGGED_OPS: FiOpsTagged = FiOpsTagged::ENOSYS;
+static ATOMIC_OPS: FiOpsAtomic = FiOpsAtomic::ENOSYS;
+static COLLECTIVE_OPS: FiOpsCollective = FiOpsCollective::ENOSYS;
+
+/// `fi_endpoint`: a DGRAM endpoint with its channel (created now, so `fi_getname` works
+/// before `fi_enable`).
+pub(crate) fn open(
+    dom: &Arc<DomainInner>,
+    info: Option<&FiInfo>,
+    out: *mut *mut FidEp,
+    context: *mut c_void,
+) -> c_int {
+    let Some(info) = info else { return -FI_EINVAL };
+    if out.is_null() {
+        return -FI_EINVAL;
+    }
+    if info.caps & !crate::info::CAPS != 0 {
+        return -FI_EINVAL;
+    }
+    // SAFETY: NULL or the application's attributes.
+    if let Some(e) = unsafe { info.ep_attr.as_ref() } {
+        if e.type_ != FI_EP_UNSPEC && e.type_ != FI_EP_DGRAM {
+            return -FI_EINVAL;
+        }
+    }
+    // SAFETY: NULL or the application's attributes.
+    let tx_op_flags = unsafe { info.tx_attr.as_ref() }.map_or(0, |t| t.op_flags);
+    // SAFETY: NULL or the application's attributes.
+    let rx_op_flags = unsafe { info.rx_attr.as_ref() }.map_or(0, |r| r.op_flags);
+    let d = dom.clone();
+    let cfg = d.cfg.clone();
+    let channel = match d.create_channel() {
+        Ok(c) => c,
+        Err(e) => return -e,
+    };
+    let layout = *channel.layout();
+    let msg = cfg.max_msg_size as u64;
+    let slots = (layout.region_len - layout.data_offset) / msg;
+    let rx = (cfg.rx_buffers as u64).min(slots.saturating_sub(1));
+    let tx = (cfg.tx_buffers as u64).min(slots.saturating_sub(rx));
+    if rx == 0 || tx == 0 {
+        log::warn!("svnic provider: the channel's data area holds no bounce and staging buffers");
+        let _ = d.guest.destroy_channel(channel, CONTROL_TIMEOUT);
+        return -FI_ENOMEM;
+    }
+    let at = |i: u64| layout.data_offset + i * msg;
+    let addr = channel.addr();
+    let waiter = d.guest.waiter(&channel);
+    log::info!(
+        "svnic provider: endpoint {addr} ({rx} receive, {tx} staging buffers of {msg} bytes)"
+    );
+    let state = EpState {
+        channel: Some(channel),
+        addr,
+        av: None,
+        tx_cq: None,
+        rx_cq: None,
+        tx_selective: false,
+        rx_selective: false,
+        tx_op_flags,
+        rx_op_flags,
+        enabled: false,
+        failed: false,
+        max_msg: cfg.max_msg_size,
+        bounces: (0..rx).map(at).collect(),
+        staging_free: (rx..rx + tx).map(at).collect(),
+        recvs: VecDeque::new(),
+        unexpected: VecDeque::new(),
+        pending: HashMap::new(),
+        deferred: VecDeque::new(),
+        next_cookie: 1,
+        scratch: Vec::with_capacity(POLL_BATCH),
+        passes: 0,
+        dropped: 0,
+        peers: HashMap::new(),
+        last_rx: Instant::now(),
+        peer_timeout: (cfg.peer_timeout_ms > 0).then(|| Duration::from_millis(cfg.peer_timeout_ms)),
+    };
+    let ep = Box::new(SvnicEp {
+        c: FidEp {
+            fid: Fid {
+                fclass: FI_CLASS_EP,
+                context,
+                ops: &EP_FI_OPS,
+            },
+            ops: &EP_OPS,
+            cm: &CM_OPS,
+            msg: &MSG_OPS,
+            rma: &RMA_OPS,
+            tagged: &TAGGED_OPS,
+            atomic: &ATOMIC_OPS,
+            collective: &COLLECTIVE_OPS,
+        },
+        inner: Arc::new(EpInner {
+            domain: d,
+            waiter,
+            max_msg: cfg.max_msg_size,
+            state: Mutex::new(state),
+        }),
+    });
+    // SAFETY: checked non-NULL.
+    unsafe { put(out, Box::into_raw(ep).cast::<FidEp>()) };
+    0
+}
+
+/// Copies `src` into the application's segments; returns the bytes copied.
+///
+/// # Safety
+/// Every segment must be writable application memory (a posted receive's buffers).
+unsafe fn scatter(segs: &Segments, src: &[u8]) -> usize {
+    let mut done = 0;
+    for &(base, len) in segs {
+        let n = len.min(src.len() - done);
+        if n == 0 {
+            break;
+        }
+        // SAFETY: per the contract above; n <= len.
+        unsafe { std::ptr::copy_nonoverlapping(src[done..].as_ptr(), base as *mut u8, n) };
+        done += n;
+    }
+    done
+}
+
+/// The application's gather list as one contiguous copy (at most `max` bytes, else
+/// `FI_EMSGSIZE`).
+///
+/// # Safety
+/// Every segment must be readable application memory.
+unsafe fn gather(segs: &Segments, max: usize) -> Result<Vec<u8>, c_int> {
+    let total = segs
+        .iter()
+        .try_fold(0usize, |a, s| a.checked_add(s.1))
+        .filter(|&t| t <= max)
+        .ok_or(FI_EMSGSIZE)?;
+    let mut v = Vec::with_capacity(total);
+    for &(base, len) in segs {
+        if len > 0 {
+            // SAFETY: per the contract above.
+            v.extend_from_slice(unsafe { std::slice::from_raw_parts(base as *const u8, len) });
+        }
+    }
+    Ok(v)
+}
+
+/// An application iovec array as segments (`count <= IOV_LIMIT`, no NULL base with a length).
+///
+/// # Safety
+/// `iov` must be NULL or hold `count` iovecs.
+unsafe fn segments(iov: *const libc::iovec, count: usize) -> Result<Segments, c_int> {
+    if count > IOV_LIMIT || (iov.is_null() && count > 0) {
+        return Err(FI_EINVAL);
+    }
+    let mut segs = Vec::with_capacity(count);
+    for k in 0..count {
+        // SAFETY: per the contract above.
+        let v = unsafe { iov.wrapping_add(k).read_unaligned() };
+        if v.iov_base.is_null() && v.iov_len > 0 {
+            return Err(FI_EINVAL);
+        }
+        segs.push((v.iov_base as usize, v.iov_len));
+    }
+    Ok(segs)
+}
+
+fn one_segment(buf: *const c_void, len: usize) -> Result<Segments, c_int> {
+    if buf.is_null() && len > 0 {
+        return Err(FI_EINVAL);
+    }
+    Ok(vec![(buf as usize, len)])
+}
+
+impl Progress for EpInner {
+    fn progress(&self) {
+        EpInner::progress(self);
+    }
+
+    fn set_sleeping(&self, sleeping: bool) {
+        let s = self.lock();
+        if let Some(ch) = &s.channel {
+            if let Ok(mem) = ChannelMem::new(ch.region().slice(), *ch.layout()) {
+                mem.set_sleeping(header::GUEST_SLEEPING, sleeping);
+            }
+        }
+    }
+
+    fn wait_wake(&self, timeout: Duration) -> bool {
+        match self.waiter.wait_for_wake(timeout) {
+            Ok(woke) => woke,
+            Err(e) => {
+                log::debug!("svnic provider: waiting for a wake: {e}");
+                std::thread::sleep(timeout);
+                false
+            }
+        }
+    }
+}
+
+impl EpInner {
+    fn lock(&self) -> MutexGuard<'_, EpState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Polls the channel: received messages into posted receives, send completions into the
+    /// TX CQ, retries of deferred sends, one flush.
+    pub fn progress(&self) {
+        let mut s = self.lock();
+        s.passes = s.passes.wrapping_add(1);
+        if s.passes % NIC_SERVICE_EVERY == 0 {
+            if let Err(e) = self.domain.guest.poll_control() {
+                log::debug!("svnic provider: NIC service: {e}");
+            }
+        }
+        s.progress();
+    }
+
+    /// Posts a receive.
+    fn recv(&self, segs: Segments, ctx: usize, report: Option<bool>) -> isize {
+        let mut s = self.lock();
+        if let Err(e) = s.ready() {
+            return -(e as isize);
+        }
+        if s.rx_cq.is_none() {
+            return -(FI_ENOCQ as isize);
+        }
+        if s.recvs.len() >= RX_SIZE {
+            s.progress();
+            return -(FI_EAGAIN as isize);
+        }
+        let report =
+            report.unwrap_or(!s.rx_selective || s.rx_op_flags & op_flags::FI_COMPLETION != 0);
+        if s.recvs.is_empty() {
+            // The wait the peer timeout measures starts now.
+            s.last_rx = Instant::now();
+        }
+        s.recvs.push_back(PostedRecv { segs, ctx, report });
+        if let Some(a) = s.unexpected.pop_front() {
+            if let Some(r) = s.recvs.pop_front() {
+                s.deliver(r, a);
+            }
+        }
+        s.progress();
+        0
+    }
+
+    /// Sends `data` to the AV handle `dest`.
+    fn send(
+        &self,
+        data: &[u8],
+        dest: u64,
+        ctx: usize,
+        report: Option<bool>,
+        inject: bool,
+    ) -> isize {
+        let mut s = self.lock();
+        match s.send(data, dest, ctx, report, inject) {
+            Ok(()) => 0,
+            Err(e) => -(e as isize),
+        }
+    }
+}
+
+impl EpState {
+    fn ready(&self) -> Result<(), c_int> {
+        if self.failed {
+            Err(FI_EIO)
+        } else if !self.enabled || self.channel.is_none() {
+            Err(FI_EOPBADSTATE)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn progress(&mut self) {
+        if self.ready().is_err() {
+            return;
+        }
+        let mut msgs = std::mem::take(&mut self.scratch);
+        for _ in 0..16 {
+            msgs.clear();
+            let Some(ch) = self.channel.as_mut() else {
+                break;
+            };
+            match ch.poll(&mut msgs, POLL_BATCH) {
+                Ok(0) => break,
+                Ok(_) => {
+                    for m in msgs.drain(..) {
+                        self.handle(m);
+                    }
+                }
+                Err(e) => {
+                    self.fail(&e);
+                    break;
+                }
+            }
+        }
+        self.scratch = msgs;
+        self.retry_deferred();
+        self.probe_peers();
+        self.flush();
+    }
+
+    /// Probes every peer without a probe in flight when receives have waited for the peer
+    /// timeout with nothing arriving (see the module documentation).
+    fn probe_peers(&mut self) {
+        let Some(timeout) = self.peer_timeout else {
+            return;
+        };
+        if self.recvs.is_empty() || self.peers.is_empty() || self.last_rx.elapsed() < timeout {
+            return;
+        }
+        self.last_rx = Instant::now();
+        let idle: Vec<ChannelAddr> = self
+            .peers
+            .iter()
+            .filter(|(_, probe)| probe.is_none())
+            .map(|(a, _)| *a)
+            .collect();
+        for peer in idle {
+            let cookie = PROBE_TAG | self.next_cookie;
+            self.next_cookie = (self.next_cookie + 1) & !(BOUNCE_TAG | PROBE_TAG);
+            let Some(ch) = self.channel.as_mut() else {
+                return;
+            };
+            match ch.send_user(peer, cookie, &[], Completions::Always) {
+                Ok(true) => {
+                    self.peers.insert(peer, Some(cookie));
+                }
+                Ok(false) => return,
+                Err(e) => {
+                    self.fail(&e);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The engine's answer to a probe: a peer that is gone fails the oldest posted receive.
+    fn probe_done(&mut self, c: Completion) {
+        let Some(peer) = self
+            .peers
+            .iter()
+            .find(|(_, probe)| **probe == Some(c.cookie))
+            .map(|(a, _)| *a)
+        else {
+            return;
+        };
+        let gone = matches!(
+            c.status,
+            CompletionStatus::NoRoute
+                | CompletionStatus::DestinationGone
+                | CompletionStatus::DestinationFaulted
+        );
+        if !gone {
+            self.peers.insert(peer, None);
+            return;
+        }
+        self.peers.remove(&peer);
+        log::info!("svnic provider: peer {peer} is gone: {}", c.status);
+        let (Some(r), Some(err)) = (self.recvs.pop_front(), errors::send_error(c.status)) else {
+            return;
+        };
+        self.fail_recv(&r, err, c_int::from(c.status.code()));
+    }
+
+    /// Completes a posted receive (already taken off the queue) with an error entry.
+    fn fail_recv(&self, r: &PostedRecv, err: c_int, prov_errno: c_int) {
+        if let Some(cq) = &self.rx_cq {
+            cq.push(CqEntry {
+                ctx: r.ctx,
+                flags: op_flags::FI_RECV | op_flags::FI_MSG,
+                len: 0,
+                buf: 0,
+                err: Some(ErrInfo {
+                    err,
+                    prov_errno,
+                    olen: 0,
+                }),
+            });
+        }
+    }
+
+    fn flush(&mut self) {
+        let r = self.channel.as_mut().map(Channel::flush);
+        if let Some(Err(e)) = r {
+            self.fail(&e);
+        }
+    }
+
+    fn handle(&mut self, m: Message) {
+        match m {
+            Message::UserData(u) if u.cookie & PROBE_TAG != 0 && u.len == 0 => {}
+            Message::UserData(u) => {
+                self.last_rx = Instant::now();
+                let d = u.data();
+                let mut data = [0u8; INLINE_CAPACITY];
+                data[..d.len()].copy_from_slice(d);
+                self.arrived(Arrived::Inline { data, len: d.len() });
+            }
+            Message::DmaData(d) => {
+                self.last_rx = Instant::now();
+                let idx = (d.cookie & !BOUNCE_TAG) as usize;
+                let ok = d.cookie & BOUNCE_TAG != 0
+                    && self.bounces.get(idx) == Some(&d.data.offset)
+                    && (d.data.len as usize) <= self.max_msg;
+                if ok {
+                    self.arrived(Arrived::Bounce {
+                        idx,
+                        len: d.data.len as usize,
+                    });
+                } else {
+                    log::warn!("svnic provider: DMA-data into an unknown buffer ignored: {d:?}");
+                }
+            }
+            Message::Completion(c) if c.cookie & PROBE_TAG != 0 => self.probe_done(c),
+            Message::Completion(c) if c.cookie & BOUNCE_TAG != 0 => {
+                log::warn!(
+                    "svnic provider: the engine refused a receive buffer: {}",
+                    c.status
+                );
+            }
+            Message::Completion(c) => self.send_done(c),
+            Message::PostBuffer(_) => {}
+        }
+    }
+
+    fn arrived(&mut self, a: Arrived) {
+        if let Some(r) = self.recvs.pop_front() {
+            self.deliver(r, a);
+        } else if matches!(a, Arrived::Bounce { .. }) || self.unexpected.len() < RX_SIZE {
+            self.unexpected.push_back(a);
+        } else {
+            self.dropped += 1;
+            log::debug!("svnic provider: inline message dropped (no receive posted)");
+        }
+    }
+
+    /// Copies an arrived message into a posted receive and writes its completion.
+    fn deliver(&mut self, r: PostedRecv, a: Arrived) {
+        let cap = r.capacity();
+        let (len, copied) = match a {
+            // SAFETY: the application owns the posted buffers until their completion.
+            Arrived::Inline { data, len } => (len, unsafe { scatter(&r.segs, &data[..len]) }),
+            Arrived::Bounce { idx, len } => {
+                let off = self.bounces[idx];
+                let mut done = 0;
+                let mut failed = None;
+                if let Some(ch) = self.channel.as_mut() {
+                    for &(base, seg) in &r.segs {
+                        let n = seg.min(len - done);
+                        if n == 0 {
+                            break;
+                        }
+                        // SAFETY: the application owns the posted buffers until their
+                        // completion; n <= the segment's length.
+                        let dst = unsafe { std::slice::from_raw_parts_mut(base as *mut u8, n) };
+                        if let Err(e) = ch.read_data(off + done as u64, dst) {
+                            failed = Some(e);
+                            break;
+                        }
+                        done += n;
+                    }
+                    let buf = DataRef {
+                        offset: off,
+                        len: self.max_msg as u32,
+                    };
+                    match ch.post_buffer(BOUNCE_TAG | idx as u64, buf) {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            log::warn!("svnic provider: post ring full; bounce buffer {idx} lost")
+                        }
+                        Err(e) => failed = Some(e),
+                    }
+                }
+                if let Some(e) = failed {
+                    self.fail(&e);
+                }
+                (len, done)
+            }
+        };
+        let first = r.segs.first().map_or(0, |s| s.0);
+        let err = (len > cap).then(|| ErrInfo {
+            err: FI_ETRUNC,
+            prov_errno: PROV_TRUNCATED,
+            olen: len - cap,
+        });
+        if r.report || err.is_some() {
+            if let Some(cq) = &self.rx_cq {
+                cq.push(CqEntry {
+                    ctx: r.ctx,
+                    flags: op_flags::FI_RECV | op_flags::FI_MSG,
+                    len: copied,
+                    buf: first,
+                    err,
+                });
+            }
+        }
+    }
+
+    fn send(
+        &mut self,
+        data: &[u8],
+        dest: u64,
+        ctx: usize,
+        report: Option<bool>,
+        inject: bool,
+    ) -> Result<(), c_int> {
+        self.ready()?;
+        if data.len() > self.max_msg {
+            return Err(FI_EMSGSIZE);
+        }
+        let av = self.av.as_ref().ok_or(FI_ENOAV)?;
+        let peer = av.get(dest).ok_or(FI_EINVAL)?;
+        if !inject && self.tx_cq.is_none() {
+            return Err(FI_ENOCQ);
+        }
+        if self.pending.len() >= TX_SIZE {
+            self.progress();
+            if self.pending.len() >= TX_SIZE {
+                return Err(FI_EAGAIN);
+            }
+        }
+        let payload = if data.len() <= INLINE_CAPACITY {
+            let mut b = [0u8; INLINE_CAPACITY];
+            b[..data.len()].copy_from_slice(data);
+            Payload::Inline(b, data.len())
+        } else {
+            if self.staging_free.is_empty() {
+                self.progress();
+            }
+            let slot = self.staging_free.pop().ok_or(FI_EAGAIN)?;
+            let written = self.channel.as_ref().map(|ch| ch.write_data(slot, data));
+            if let Some(Err(e)) = written {
+                self.staging_free.push(slot);
+                self.fail(&e);
+                return Err(FI_EIO);
+            }
+            Payload::Staged(slot, data.len())
+        };
+        let cookie = self.next_cookie;
+        self.next_cookie = (self.next_cookie + 1) & !(BOUNCE_TAG | PROBE_TAG);
+        let report =
+            report.unwrap_or(!self.tx_selective || self.tx_op_flags & op_flags::FI_COMPLETION != 0);
+        let p = PendingSend {
+            ctx,
+            report,
+            inject,
+            dest: peer,
+            payload,
+            retries: 0,
+        };
+        match self.transmit(cookie, &p) {
+            Ok(true) => {
+                if self.peers.len() < MAX_PEERS {
+                    self.peers.entry(peer).or_insert(None);
+                }
+                self.pending.insert(cookie, p);
+                self.flush();
+                Ok(())
+            }
+            Ok(false) => {
+                if let Payload::Staged(slot, _) = p.payload {
+                    self.staging_free.push(slot);
+                }
+                self.progress();
+                Err(FI_EAGAIN)
+            }
+            Err(e) => {
+                self.fail(&e);
+                Err(FI_EIO)
+            }
+        }
+    }
+
+    /// Queues one send (again) in the TX ring; `Ok(false)` when the ring is full.
+    fn transmit(&mut self, cookie: u64, p: &PendingSend) -> Result<bool, ChannelError> {
+        let Some(ch) = self.channel.as_mut() else {
+            return Ok(false);
+        };
+        match p.payload {
+            Payload::Inline(b, n) => ch.send_user(p.dest, cookie, &b[..n], Completions::Always),
+            Payload::Staged(offset, len) => ch.send_dma(
+                p.dest,
+                cookie,
+                DataRef {
+                    offset,
+                    len: len as u32,
+                },
+            ),
+        }
+    }
+
+    fn send_done(&mut self, c: Completion) {
+        let Some(mut p) = self.pending.remove(&c.cookie) else {
+            log::warn!(
+                "svnic provider: completion for an unknown send {:#x}",
+                c.cookie
+            );
+            return;
+        };
+        let outcome = match c.status {
+            CompletionStatus::Ok => SendOutcome::Done(None),
+            CompletionStatus::NoBuffer | CompletionStatus::RingFull if p.retries < MAX_RETRIES => {
+                SendOutcome::Retry
+            }
+            status => SendOutcome::Done(errors::send_error(status).map(|err| ErrInfo {
+                err,
+                prov_errno: c_int::from(status.code()),
+                olen: 0,
+            })),
+        };
+        match outcome {
+            SendOutcome::Retry => {
+                p.retries += 1;
+                self.pending.insert(c.cookie, p);
+                self.deferred.push_back(c.cookie);
+            }
+            SendOutcome::Done(err) => self.finish(p, err),
+        }
+    }
+
+    fn finish(&mut self, p: PendingSend, err: Option<ErrInfo>) {
+        if let Payload::Staged(slot, _) = p.payload {
+            self.staging_free.push(slot);
+        }
+        if p.inject {
+            if let Some(e) = err {
+                log::info!(
+                    "svnic provider: injected message to {} failed: {}",
+                    p.dest,
+                    errors::prov_strerror(e.prov_errno).to_string_lossy()
+                );
+            }
+            return;
+        }
+        if !p.report && err.is_none() {
+            return;
+        }
+        if let Some(cq) = &self.tx_cq {
+            cq.push(CqEntry {
+                ctx: p.ctx,
+                flags: op_flags::FI_SEND | op_flags::FI_MSG,
+                len: 0,
+                buf: 0,
+                err,
+            });
+        }
+    }
+
+    fn retry_deferred(&mut self) {
+        for _ in 0..self.deferred.len() {
+            let Some(cookie) = self.deferred.pop_front() else {
+                break;
+            };
+            let Some(p) = self.pending.remove(&cookie) else {
+                continue;
+            };
+            match self.transmit(cookie, &p) {
+                Ok(true) => {
+                    self.pending.insert(cookie, p);
+                }
+                Ok(false) => {
+                    self.pending.insert(cookie, p);
+                    self.deferred.push_front(cookie);
+                    break;
+                }
+                Err(e) => {
+                    self.pending.insert(cookie, p);
+                    self.fail(&e);
+                    break;
+                }
+            }
+        }
+    }
+
+    /// The channel failed (faulted by the engine, or its memory is broken): every pending
+    /// operation completes with `FI_EIO`; new ones are refused with `-FI_EIO`.
+    fn fail(&mut self, e: &ChannelError) {
+        if self.failed {
+            return;
+        }
+        log::warn!("svnic provider: endpoint {} failed: {e}", self.addr);
+        self.failed = true;
+        let eio = Some(ErrInfo {
+            err: FI_EIO,
+            prov_errno: PROV_CHANNEL_FAILED,
+            olen: 0,
+        });
+        let pending: Vec<PendingSend> = self.pending.drain().map(|(_, p)| p).collect();
+        self.deferred.clear();
+        for p in pending {
+            self.finish(p, eio);
+        }
+        let recvs: Vec<PostedRecv> = self.recvs.drain(..).collect();
+        for r in &recvs {
+            self.fail_recv(r, FI_EIO, PROV_CHANNEL_FAILED);
+        }
+    }
+
+    fn enable(&mut self) -> Result<(), c_int> {
+        if self.failed {
+            return Err(FI_EIO);
+        }
+        if self.enabled {
+            return Ok(());
+        }
+        if self.av.is_none() {
+            return Err(FI_ENOAV);
+        }
+        if self.tx_cq.is_none() && self.rx_cq.is_none() {
+            return Err(FI_ENOCQ);
+        }
+        let Some(ch) = self.channel.as_mut() else {
+            return Err(FI_EOPBADSTATE);
+        };
+        for (idx, &offset) in self.bounces.iter().enumerate() {
+            let buf = DataRef {
+                offset,
+                len: self.max_msg as u32,
+            };
+            match ch.post_buffer(BOUNCE_TAG | idx as u64, buf) {
+                Ok(true) => {}
+                Ok(false) => return Err(FI_EAGAIN),
+                Err(e) => {
+                    self.fail(&e);
+                    return Err(FI_EIO);
+                }
+            }
+        }
+        self.enabled = true;
+        self.flush();
+        Ok(())
+    }
+
+    fn cancel(&mut self, ctx: usize) -> Result<(), c_int> {
+        let pos = self
+            .recvs
+            .iter()
+            .position(|r| r.ctx == ctx)
+            .ok_or(FI_ENOENT)?;
+        let Some(r) = self.recvs.remove(pos) else {
+            return Err(FI_ENOENT);
+        };
+        self.fail_recv(&r, FI_ECANCELED, PROV_CANCELED);
+        Ok(())
+    }
+}
+
+/// The endpoint behind a `struct fid_ep *`.
+///
+/// # Safety
+/// As [`object`].
+unsafe fn ep<'a>(e: *mut FidEp) -> Option<&'a SvnicEp> {
+    // SAFETY: a fid_ep begins with its fid.
+    unsafe { object::<SvnicEp>(e.cast()) }
+}
+
+const EINVAL: isize = -(FI_EINVAL as isize);
+
+unsafe extern "C" fn ep_close(fid: *mut Fid) -> c_int {
+    guard("ep close", || {
+        // SAFETY: the application's fid, recognised before use.
+        let Some(e) = (unsafe { object::<SvnicEp>(fid) }) else {
+            return -FI_EINVAL;
+        };
+        let channel = {
+            let mut s = e.inner.lock();
+            s.enabled = false;
+            s.channel.take()
+        };
+        if let Some(ch) = channel {
+            if let Err(err) = e.inner.domain.guest.destroy_channel(ch, CONTROL_TIMEOUT) {
+                log::warn!("svnic provider: destroying the endpoint's channel: {err}");
+            }
+        }
+        // SAFETY: recognised, from Box::into_raw, closed once.
+        unsafe { free_object::<SvnicEp>(fid) };
+        0
+    })
+}
+
+unsafe extern "C" fn ep_bind(fid: *mut Fid, bfid: *mut Fid, flags: u64) -> c_int {
+    guard("fi_ep_bind", || {
+        // SAFETY: the application's fid, recognised before use.
+        let Some(e) = (unsafe { object::<SvnicEp>(fid) }) else {
+            return -FI_EINVAL;
+        };
+        let mut s = e.inner.lock();
+        if s.enabled {
+            return -FI_EOPBADSTATE;
+        }
+        // SAFETY: the application's fid, recognised before use.
+        if let Some(av) = unsafe { object::<SvnicAv>(bfid) } {
+            if flags != 0 {
+                return -FI_EBADFLAGS;
+            }
+            if s.av.is_some() {
+                return -FI_EINVAL;
+            }
+            s.av = Some(av.inner().clone());
+            return 0;
+        }
+        // SAFETY: as above.
+        if let Some(cq) = unsafe { object::<SvnicCq>(bfid) } {
+            let dirs = op_flags::FI_TRANSMIT | op_flags::FI_RECV;
+            if flags & !(dirs | op_flags::FI_SELECTIVE_COMPLETION) != 0 || flags & dirs == 0 {
+                return -FI_EBADFLAGS;
+            }
+            let selective = flags & op_flags::FI_SELECTIVE_COMPLETION != 0;
+            if flags & op_flags::FI_TRANSMIT != 0 {
+                if s.tx_cq.is_some() {
+                    return -FI_EINVAL;
+                }
+                s.tx_cq = Some(cq.inner().clone());
+                s.tx_selective = selective;
+            }
+            if flags & op_flags::FI_RECV != 0 {
+                if s.rx_cq.is_some() {
+                    return -FI_EINVAL;
+                }
+                s.rx_cq = Some(cq.inner().clone());
+                s.rx_selective = selective;
+            }
+            drop(s);
+            let source: Weak<dyn Progress> = Arc::downgrade(&e.inner) as Weak<EpInner>;
+            cq.inner().bind(source);
+            return 0;
+        }
+        // SAFETY: as above.
+        if unsafe { object::<SvnicEq>(bfid) }.is_some() {
+            // Connectionless: there are no events; accepted and ignored.
+            return 0;
+        }
+        if bfid.is_null() {
+            return -FI_EINVAL;
+        }
+        // SAFETY: non-NULL fid of the application; only the class is read.
+        if unsafe { (*bfid).fclass } == FI_CLASS_CNTR {
+            return -FI_ENOSYS;
+        }
+        -FI_EINVAL
+    })
+}
+
+unsafe extern "C" fn ep_control(fid: *mut Fid, command: c_int, _arg: *mut c_void) -> c_int {
+    guard("ep control", || {
+        // SAFETY: the application's fid, recognised before use.
+        let Some(e) = (unsafe { object::<SvnicEp>(fid) }) else {
+            return -FI_EINVAL;
+        };
+        match command {
+            FI_ENABLE => match e.inner.lock().enable() {
+                Ok(()) => 0,
+                Err(err) => -err,
+            },
+            _ => -FI_ENOSYS,
+        }
+    })
+}
+
+/// `fi_getname`: the 16-byte address; `-FI_ETOOSMALL` with `*addrlen` set when the buffer is
+/// smaller (or NULL).
+unsafe extern "C" fn ep_getname(fid: *mut Fid, out: *mut c_void, addrlen: *mut usize) -> c_int {
+    guard("fi_getname", || {
+        // SAFETY: the application's fid, recognised before use.
+        let Some(e) = (unsafe { object::<SvnicEp>(fid) }) else {
+            return -FI_EINVAL;
+        };
+        if addrlen.is_null() {
+            return -FI_EINVAL;
+        }
+        // SAFETY: checked non-NULL.
+        let room = unsafe { addrlen.read_unaligned() };
+        // SAFETY: checked non-NULL.
+        unsafe { put(addrlen, ADDR_LEN) };
+        if room < ADDR_LEN || out.is_null() {
+            return -FI_ETOOSMALL;
+        }
+        let b = addr::encode(e.inner.lock().addr);
+        // SAFETY: the caller's buffer holds `room` >= 16 bytes.
+        unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), out.cast::<u8>(), ADDR_LEN) };
+        0
+    })
+}
+
+unsafe extern "C" fn ep_cancel(fid: *mut Fid, context: *mut c_void) -> isize {
+    guard("fi_cancel", || {
+        // SAFETY: the application's fid, recognised before use.
+        let Some(e) = (unsafe { object::<SvnicEp>(fid) }) else {
+            return EINVAL;
+        };
+        match e.inner.lock().cancel(context as usize) {
+            Ok(()) => 0,
+            Err(err) => -(err as isize),
+        }
+    })
+}
+
+unsafe extern "C" fn ep_getopt(
+    _: *mut Fid,
+    _: c_int,
+    _: c_int,
+    _: *mut c_void,
+    _: *mut usize,
+) -> c_int {
+    -FI_ENOPROTOOPT
+}
+
+unsafe extern "C" fn ep_setopt(
+    _: *mut Fid,
+    _: c_int,
+    _: c_int,
+    _: *const c_void,
+    _: usize,
+) -> c_int {
+    -FI_ENOPROTOOPT
+}
+
+unsafe extern "C" fn ep_rx_size_left(e: *mut FidEp) -> isize {
+    guard("fi_rx_size_left", || {
+        // SAFETY: recognised before use.
+        let Some(e) = (unsafe { ep(e) }) else {
+            return EINVAL;
+        };
+        (RX_SIZE - e.inner.lock().recvs.len().min(RX_SIZE)) as isize
+    })
+}
+
+unsafe extern "C" fn ep_tx_size_left(e: *mut FidEp) -> isize {
+    guard("fi_tx_size_left", || {
+        // SAFETY: recognised before use.
+        let Some(e) = (unsafe { ep(e) }) else {
+            return EINVAL;
+        };
+        (TX_SIZE - e.inner.lock().pending.len().min(TX_SIZE)) as isize
+    })
+}
+
+fn do_recv(
+    e: *mut FidEp,
+    segs: Result<Segments, c_int>,
+    ctx: *mut c_void,
+    report: Option<bool>,
+) -> isize {
+    // SAFETY: recognised before use.
+    let Some(e) = (unsafe { ep(e) }) else {
+        return EINVAL;
+    };
+    match segs {
+        Ok(segs) => e.inner.recv(segs, ctx as usize, report),
+        Err(err) => -(err as isize),
+    }
+}
+
+fn do_send(
+    e: *mut FidEp,
+    segs: Result<Segments, c_int>,
+    dest: u64,
+    ctx: *mut c_void,
+    report: Option<bool>,
+    inject: bool,
+) -> isize {
+    // SAFETY: recognised before use.
+    let Some(e) = (unsafe { ep(e) }) else {
+        return EINVAL;
+    };
+    // Checked before anything is copied or allocated.
+    let max = if inject { INJECT_SIZE } else { e.inner.max_msg };
+    // SAFETY: the segments were built from the application's buffers, readable for the call.
+    let data = match segs.and_then(|s| unsafe { gather(&s, max) }) {
+        Ok(d) => d,
+        Err(err) => return -(err as isize),
+    };
+    e.inner.send(&data, dest, ctx as usize, report, inject)
+}
+
+unsafe extern "C" fn ep_recv(
+    e: *mut FidEp,
+    buf: *mut c_void,
+    len: usize,
+    _desc: *mut c_void,
+    _src: u64,
+    ctx: *mut c_void,
+) -> isize {
+    guard("fi_recv", || do_recv(e, one_segment(buf, len), ctx, None))
+}
+
+unsafe extern "C" fn ep_recvv(
+    e: *mut FidEp,
+    iov: *const libc::iovec,
+    _desc: *mut *mut c_void,
+    count: usize,
+    _src: u64,
+    ctx: *mut c_void,
+) -> isize {
+    guard("fi_recvv", || {
+        // SAFETY: the application's iovec array of `count` entries.
+        do_recv(e, unsafe { segments(iov, count) }, ctx, None)
+    })
+}
+
+/// The parts of an `fi_msg` that `fi_recvmsg`/`fi_sendmsg` use, checked: `msg` non-NULL,
+/// `flags` within `allowed`.
+struct MsgParts {
+    segs: Result<Segments, c_int>,
+    addr: u64,
+    context: *mut c_void,
+    report: Option<bool>,
+}
+
+fn unpack(msg: *const FiMsg, flags: u64, allowed: u64) -> Result<MsgParts, isize> {
+    // SAFETY: NULL or the application's message.
+    let m = unsafe { msg.as_ref() }.ok_or(EINVAL)?;
+    if flags & !allowed != 0 {
+        return Err(-(FI_EBADFLAGS as isize));
+    }
+    Ok(MsgParts {
+        // SAFETY: the message's iovec array of `iov_count` entries.
+        segs: unsafe { segments(m.msg_iov, m.iov_count) },
+        addr: m.addr,
+        context: m.context,
+        report: (flags & op_flags::FI_COMPLETION != 0).then_some(true),
+    })
+}
+
+unsafe extern "C" fn ep_recvmsg(e: *mut FidEp, msg: *const FiMsg, flags: u64) -> isize {
+    guard("fi_recvmsg", || match unpack(msg, flags, RECV_FLAGS) {
+        Ok(m) => do_recv(e, m.segs, m.context, m.report),
+        Err(r) => r,
+    })
+}
+
+unsafe extern "C" fn ep_send(
+    e: *mut FidEp,
+    buf: *const c_void,
+    len: usize,
+    _desc: *mut c_void,
+    dest: u64,
+    ctx: *mut c_void,
+) -> isize {
+    guard("fi_send", || {
+        do_send(e, one_segment(buf, len), dest, ctx, None, false)
+    })
+}
+
+unsafe extern "C" fn ep_sendv(
+    e: *mut FidEp,
+    iov: *const libc::iovec,
+    _desc: *mut *mut c_void,
+    count: usize,
+    dest: u64,
+    ctx: *mut c_void,
+) -> isize {
+    guard("fi_sendv", || {
+        // SAFETY: the application's iovec array of `count` entries.
+        do_send(e, unsafe { segments(iov, count) }, dest, ctx, None, false)
+    })
+}
+
+unsafe extern "C" fn ep_sendmsg(e: *mut FidEp, msg: *const FiMsg, flags: u64) -> isize {
+    guard("fi_sendmsg", || match unpack(msg, flags, SEND_FLAGS) {
+        Ok(m) => do_send(e, m.segs, m.addr, m.context, m.report, false),
+        Err(r) => r,
+    })
+}
+
+unsafe extern "C" fn ep_inject(e: *mut FidEp, buf: *const c_void, len: usize, dest: u64) -> isize {
+    guard("fi_inject", || {
+        do_send(
+            e,
+            one_segment(buf, len),
+            dest,
+            std::ptr::null_mut(),
+            Some(false),
+            true,
+        )
+    })
+}

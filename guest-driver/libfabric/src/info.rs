@@ -1,0 +1,415 @@
+//! `fi_getinfo` for the svnic provider: matching the hints, and building the `fi_info` list.
+//!
+//! Everything in a returned list is released by libfabric with `free()`, so every piece is
+//! allocated with libc (`calloc`, `strdup`), never with Rust's allocator; `nic`, `handle`,
+//! `fabric_attr->prov_name` and the versions are left for libfabric to fill. getinfo never
+//! connects to anything: it is called by `fi_info`, by utility providers and by MPI probes, often
+//! several times per run.
+
+use std::ffi::CStr;
+use std::os::raw::{c_char, c_int};
+
+use crate::addr::{self, ADDR_LEN};
+use crate::config::Config;
+use crate::ffi::errno::*;
+use crate::ffi::*;
+use crate::{guard, put, API_VERSION};
+
+/// The capabilities of the DGRAM core.
+pub const CAPS: u64 =
+    caps::FI_MSG | caps::FI_SEND | caps::FI_RECV | caps::FI_LOCAL_COMM | caps::FI_REMOTE_COMM;
+/// `ep_attr->protocol`: provider specific, svnic channels.
+pub const PROTOCOL: u32 = FI_PROV_SPECIFIC | 1;
+/// `ep_attr->protocol_version`: the channel ABI version.
+pub const PROTOCOL_VERSION: u32 = 2;
+/// Largest payload sent inline (one user-data message): `tx_attr->inject_size`.
+pub const INJECT_SIZE: usize = svnic_channels::message::INLINE_CAPACITY;
+/// Sends in flight per endpoint (`tx_attr->size`).
+pub const TX_SIZE: usize = 128;
+/// Posted receives per endpoint (`rx_attr->size`).
+pub const RX_SIZE: usize = 1024;
+/// Scatter/gather entries per operation (`iov_limit`).
+pub const IOV_LIMIT: usize = 4;
+/// Names of the fabric and of the domain.
+pub const FABRIC_NAME: &CStr = c"svnic";
+
+/// Entry point of `struct fi_provider`.
+pub(crate) unsafe extern "C" fn svnic_getinfo(
+    version: u32,
+    node: *const c_char,
+    service: *const c_char,
+    flags: u64,
+    hints: *const FiInfo,
+    info: *mut *mut FiInfo,
+) -> c_int {
+    guard("getinfo", || {
+        if info.is_null() {
+            return -FI_EINVAL;
+        }
+        // SAFETY: libfabric passes NULL or a valid fi_info that outlives the call.
+        let hints = unsafe { hints.as_ref() };
+        // SAFETY: getinfo only reads the hints' attribute pointers when non-NULL.
+        match unsafe { getinfo(version, node, service, flags, hints) } {
+            Ok(list) => {
+                // SAFETY: checked non-NULL above.
+                unsafe { put(info, list) };
+                0
+            }
+            Err(e) => -e,
+        }
+    })
+}
+
+/// Why a hint does not match (logged at debug level), as `Err(FI_ENODATA)`.
+fn no_match(why: &str) -> Result<*mut FiInfo, c_int> {
+    log::debug!("svnic getinfo: no match: {why}");
+    Err(FI_ENODATA)
+}
+
+/// `fi_getinfo` as the provider answers it: a one-entry list, or a positive errno.
+///
+/// # Safety
+/// `hints`, if present, must be a valid `fi_info` whose non-NULL pointers are valid.
+pub unsafe fn getinfo(
+    version: u32,
+    node: *const c_char,
+    service: *const c_char,
+    _flags: u64,
+    hints: Option<&FiInfo>,
+) -> Result<*mut FiInfo, c_int> {
+    if version > API_VERSION {
+        return no_match("API version newer than 1.17");
+    }
+    if !node.is_null() || !service.is_null() {
+        return no_match("node/service given (svnic addresses come from fi_getname)");
+    }
+    let cfg = Config::from_env();
+    let mut out = Defaults::new(&cfg);
+    if let Some(h) = hints {
+        // SAFETY: the caller guarantees the hints' pointers.
+        if let Err(why) = unsafe { out.apply_hints(h) } {
+            return no_match(why);
+        }
+    }
+    out.build()
+}
+
+/// The attributes of the one entry, tailored to the hints before it is allocated.
+struct Defaults {
+    caps: u64,
+    max_msg_size: usize,
+    av_type: c_int,
+    threading: c_int,
+    tx_op_flags: u64,
+    rx_op_flags: u64,
+    tx_size: usize,
+    rx_size: usize,
+    tx_iov: usize,
+    rx_iov: usize,
+    inject_size: usize,
+    src_addr: Option<[u8; ADDR_LEN]>,
+    dest_addr: Option<[u8; ADDR_LEN]>,
+}
+
+/// A C string attribute of the hints, if set.
+///
+/// # Safety
+/// `p` must be NULL or a NUL-terminated string.
+unsafe fn hint_name<'a>(p: *const c_char) -> Option<&'a CStr> {
+    // SAFETY: per the contract above.
+    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) })
+}
+
+/// An address of the hints: absent, or exactly one svnic address.
+///
+/// # Safety
+/// `p` must be NULL or readable for `len` bytes.
+unsafe fn hint_addr(p: *const u8, len: usize) -> Result<Option<[u8; ADDR_LEN]>, &'static str> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    if len != ADDR_LEN {
+        return Err("address length is not 16");
+    }
+    // SAFETY: per the contract above.
+    let b = unsafe { std::slice::from_raw_parts(p, len) };
+    if addr::decode(b).is_none() {
+        return Err("not an svnic address");
+    }
+    let mut a = [0u8; ADDR_LEN];
+    a.copy_from_slice(b);
+    Ok(Some(a))
+}
+
+impl Defaults {
+    fn new(cfg: &Config) -> Defaults {
+        Defaults {
+            caps: CAPS,
+            max_msg_size: cfg.max_msg_size,
+            av_type: FI_AV_UNSPEC,
+            threading: FI_THREAD_SAFE,
+            tx_op_flags: 0,
+            rx_op_flags: 0,
+            tx_size: TX_SIZE,
+            rx_size: RX_SIZE,
+            tx_iov: IOV_LIMIT,
+            rx_iov: IOV_LIMIT,
+            inject_size: INJECT_SIZE,
+            src_addr: None,
+            dest_addr: None,
+        }
+    }
+
+    /// Checks the hints against what svnic offers and tailors the entry to them (the rules of
+    /// libfabric's own `ofi_check_info` / `ofi_alter_info`). Unknown `flags`/mode bits are
+    /// ignored; every attribute pointer may be NULL.
+    ///
+    /// # Safety
+    /// Every non-NULL pointer of `h` must be valid.
+    unsafe fn apply_hints(&mut self, h: &FiInfo) -> Result<(), &'static str> {
+        if h.caps & !CAPS != 0 {
+            return Err("capabilities svnic does not offer");
+        }
+        if h.addr_format != FI_FORMAT_UNSPEC {
+            return Err("address format other than FI_FORMAT_UNSPEC");
+        }
+        // SAFETY: the caller guarantees the pointers and their lengths.
+        self.src_addr = unsafe { hint_addr(h.src_addr as *const u8, h.src_addrlen) }?;
+        // SAFETY: as above.
+        self.dest_addr = unsafe { hint_addr(h.dest_addr as *const u8, h.dest_addrlen) }?;
+        // SAFETY: NULL or valid, per the caller.
+        if let Some(f) = unsafe { h.fabric_attr.as_ref() } {
+            // SAFETY: NULL or a C string.
+            if unsafe { hint_name(f.name) }.is_some_and(|n| n != FABRIC_NAME) {
+                return Err("another fabric name");
+            }
+        }
+        // SAFETY: NULL or valid, per the caller.
+        if let Some(d) = unsafe { h.domain_attr.as_ref() } {
+            // SAFETY: NULL or a C string.
+            if unsafe { hint_name(d.name) }.is_some_and(|n| n != FABRIC_NAME) {
+                return Err("another domain name");
+            }
+            if d.data_progress == FI_PROGRESS_AUTO {
+                return Err("automatic data progress (svnic progresses in CQ reads)");
+            }
+            if d.cq_data_size > 0 {
+                return Err("remote CQ data");
+            }
+            match d.av_type {
+                FI_AV_UNSPEC => {}
+                FI_AV_MAP | FI_AV_TABLE => self.av_type = d.av_type,
+                _ => return Err("unknown AV type"),
+            }
+            if d.threading != FI_THREAD_UNSPEC {
+                self.threading = d.threading;
+            }
+        }
+        // SAFETY: NULL or valid, per the caller.
+        if let Some(e) = unsafe { h.ep_attr.as_ref() } {
+            if e.type_ != FI_EP_UNSPEC && e.type_ != FI_EP_DGRAM {
+                return Err("endpoint type other than FI_EP_DGRAM");
+            }
+            if e.max_msg_size > self.max_msg_size {
+                return Err("max_msg_size above FI_SVNIC_MAX_MSG_SIZE");
+            }
+            if e.protocol != 0 && e.protocol != PROTOCOL {
+                return Err("another protocol");
+            }
+        }
+        // SAFETY: NULL or valid, per the caller.
+        if let Some(t) = unsafe { h.tx_attr.as_ref() } {
+            if t.size > self.tx_size
+                || t.iov_limit > self.tx_iov
+                || t.inject_size > self.inject_size
+            {
+                return Err("tx_attr above svnic's limits");
+            }
+            self.tx_op_flags = t.op_flags;
+            self.tx_size = if t.size > 0 { t.size } else { self.tx_size };
+            self.tx_iov = if t.iov_limit > 0 {
+                t.iov_limit
+            } else {
+                self.tx_iov
+            };
+            if t.inject_size > 0 {
+                self.inject_size = t.inject_size;
+            }
+        }
+        // SAFETY: NULL or valid, per the caller.
+        if let Some(r) = unsafe { h.rx_attr.as_ref() } {
+            if r.size > self.rx_size || r.iov_limit > self.rx_iov || r.total_buffered_recv > 0 {
+                return Err("rx_attr above svnic's limits");
+            }
+            self.rx_op_flags = r.op_flags;
+            self.rx_size = if r.size > 0 { r.size } else { self.rx_size };
+            self.rx_iov = if r.iov_limit > 0 {
+                r.iov_limit
+            } else {
+                self.rx_iov
+            };
+        }
+        Ok(())
+    }
+
+    /// Allocates the entry (all with libc); on failure frees what was allocated.
+    fn build(&self) -> Result<*mut FiInfo, c_int> {
+        let info: *mut FiInfo = calloc()?;
+        // SAFETY: `info` is a fresh zeroed allocation; on error it is freed with free_info,
+        // which frees exactly the non-NULL pieces.
+        match unsafe { self.fill(info) } {
+            Ok(()) => Ok(info),
+            Err(e) => {
+                // SAFETY: built by calloc/strdup/malloc only.
+                unsafe { free_info(info) };
+                Err(e)
+            }
+        }
+    }
+
+    /// # Safety
+    /// `info` must be a zeroed `FiInfo` allocated with libc.
+    unsafe fn fill(&self, info: *mut FiInfo) -> Result<(), c_int> {
+        // SAFETY: per the contract above.
+        let i = unsafe { &mut *info };
+        i.caps = self.caps;
+        i.mode = 0;
+        i.addr_format = FI_FORMAT_UNSPEC;
+        if let Some(a) = self.src_addr {
+            i.src_addr = malloc_copy(&a)?;
+            i.src_addrlen = ADDR_LEN;
+        }
+        if let Some(a) = self.dest_addr {
+            i.dest_addr = malloc_copy(&a)?;
+            i.dest_addrlen = ADDR_LEN;
+        }
+        let tx: *mut FiTxAttr = calloc()?;
+        i.tx_attr = tx;
+        // SAFETY: fresh zeroed allocation.
+        let tx = unsafe { &mut *tx };
+        tx.caps = caps::FI_MSG | caps::FI_SEND;
+        tx.op_flags = self.tx_op_flags;
+        tx.inject_size = self.inject_size;
+        tx.size = self.tx_size;
+        tx.iov_limit = self.tx_iov;
+        let rx: *mut FiRxAttr = calloc()?;
+        i.rx_attr = rx;
+        // SAFETY: fresh zeroed allocation.
+        let rx = unsafe { &mut *rx };
+        rx.caps = caps::FI_MSG | caps::FI_RECV;
+        rx.op_flags = self.rx_op_flags;
+        rx.size = self.rx_size;
+        rx.iov_limit = self.rx_iov;
+        let ep: *mut FiEpAttr = calloc()?;
+        i.ep_attr = ep;
+        // SAFETY: fresh zeroed allocation.
+        let ep = unsafe { &mut *ep };
+        ep.type_ = FI_EP_DGRAM;
+        ep.protocol = PROTOCOL;
+        ep.protocol_version = PROTOCOL_VERSION;
+        ep.max_msg_size = self.max_msg_size;
+        ep.tx_ctx_cnt = 1;
+        ep.rx_ctx_cnt = 1;
+        let d: *mut FiDomainAttr = calloc()?;
+        i.domain_attr = d;
+        // SAFETY: fresh zeroed allocation.
+        let d = unsafe { &mut *d };
+        d.name = strdup(FABRIC_NAME)?;
+        d.threading = self.threading;
+        d.control_progress = FI_PROGRESS_AUTO;
+        d.data_progress = FI_PROGRESS_MANUAL;
+        d.resource_mgmt = FI_RM_ENABLED;
+        d.av_type = self.av_type;
+        d.mr_mode = 0;
+        d.mr_key_size = 8;
+        d.cq_cnt = 256;
+        d.ep_cnt = 64;
+        d.tx_ctx_cnt = 64;
+        d.rx_ctx_cnt = 64;
+        d.max_ep_tx_ctx = 1;
+        d.max_ep_rx_ctx = 1;
+        d.mr_iov_limit = 1;
+        d.caps = caps::FI_LOCAL_COMM | caps::FI_REMOTE_COMM;
+        d.mr_cnt = 1 << 16;
+        let f: *mut FiFabricAttr = calloc()?;
+        i.fabric_attr = f;
+        // SAFETY: fresh zeroed allocation.
+        let f = unsafe { &mut *f };
+        f.name = strdup(FABRIC_NAME)?;
+        Ok(())
+    }
+}
+
+/// A zeroed libc allocation of one `T`.
+fn calloc<T>() -> Result<*mut T, c_int> {
+    // SAFETY: calloc has no preconditions; NULL is checked.
+    let p = unsafe { libc::calloc(1, std::mem::size_of::<T>()) } as *mut T;
+    if p.is_null() {
+        Err(FI_ENOMEM)
+    } else {
+        Ok(p)
+    }
+}
+
+fn strdup(s: &CStr) -> Result<*mut c_char, c_int> {
+    // SAFETY: `s` is NUL-terminated; NULL is checked.
+    let p = unsafe { libc::strdup(s.as_ptr()) };
+    if p.is_null() {
+        Err(FI_ENOMEM)
+    } else {
+        Ok(p)
+    }
+}
+
+fn malloc_copy(b: &[u8]) -> Result<*mut std::os::raw::c_void, c_int> {
+    // SAFETY: malloc has no preconditions; NULL is checked.
+    let p = unsafe { libc::malloc(b.len()) };
+    if p.is_null() {
+        return Err(FI_ENOMEM);
+    }
+    // SAFETY: `p` holds b.len() bytes and does not overlap `b`.
+    unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), p as *mut u8, b.len()) };
+    Ok(p)
+}
+
+/// Frees a list the way `fi_freeinfo` does (every piece with `free()`); for lists this crate
+/// built (tests, error paths). NULL is allowed.
+///
+/// # Safety
+/// `info` must be NULL or a list whose pieces were all allocated with libc, not used again.
+pub unsafe fn free_info(mut info: *mut FiInfo) {
+    use std::os::raw::c_void;
+    while !info.is_null() {
+        // SAFETY: per the contract above.
+        let i = unsafe { &*info };
+        let mut pieces: Vec<*mut c_void> = Vec::with_capacity(16);
+        // SAFETY: NULL or valid attribute structs, per the contract above.
+        if let Some(d) = unsafe { i.domain_attr.as_ref() } {
+            pieces.extend([d.name.cast(), d.auth_key.cast()]);
+        }
+        // SAFETY: as above.
+        if let Some(e) = unsafe { i.ep_attr.as_ref() } {
+            pieces.push(e.auth_key.cast());
+        }
+        // SAFETY: as above.
+        if let Some(f) = unsafe { i.fabric_attr.as_ref() } {
+            pieces.extend([f.name.cast(), f.prov_name.cast()]);
+        }
+        pieces.extend([
+            i.src_addr,
+            i.dest_addr,
+            i.tx_attr.cast(),
+            i.rx_attr.cast(),
+            i.ep_attr.cast(),
+            i.domain_attr.cast(),
+            i.fabric_attr.cast(),
+        ]);
+        let next = i.next;
+        pieces.push(info.cast());
+        for p in pieces {
+            // SAFETY: each piece is NULL or from libc and freed once; free(NULL) does nothing.
+            unsafe { libc::free(p) };
+        }
+        info = next;
+    }
+}

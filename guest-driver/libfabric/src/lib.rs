@@ -1,0 +1,208 @@
+//! # libsvnic-fi.so: a libfabric 1.17 provider over svnic channels
+//!
+//! libfabric `dlopen`s this library from `FI_PROVIDER_PATH` and calls [`fi_prov_ini`]; the
+//! provider it returns is named `svnic` and offers one endpoint type, `FI_EP_DGRAM` with
+//! `FI_MSG`: every endpoint is one svnic channel of a host-process guest (the vhost-user socket
+//! named by `FI_SVNIC_SOCKET`). docs/libfabric.md lists capabilities, attributes and variables.
+//!
+//! - [`ffi`]: the C structs and operation tables, mirrored by hand with layout assertions;
+//! - [`info`]: `fi_getinfo` (hints matching, `fi_info` lists allocated with libc);
+//! - [`addr`]: the provider address, (MAC, endpoint) as 16 canonical bytes;
+//! - [`fabric`], [`domain`] (with memory registration), [`av`], [`cq`], [`eq`], [`ep`]: one
+//!   module per object; [`attach`]: how a domain reaches the svnic daemon;
+//! - [`config`]: the environment variables; [`errors`]: svnic statuses as libfabric errors.
+//!
+//! Every `extern "C"` entry point runs its body under [`guard`] (a panic becomes `-FI_EOTHER`,
+//! never an unwind into C), checks every pointer it is given, and recognises the objects it
+//! receives by their operations table before touching anything past `struct fid`.
+
+// Tests may unwrap (STYLE.md); the library itself may not, which clippy still checks.
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+pub mod addr;
+pub mod attach;
+pub mod av;
+pub mod config;
+pub mod cq;
+pub mod domain;
+pub mod ep;
+pub mod eq;
+pub mod errors;
+pub mod fabric;
+pub mod ffi;
+pub mod info;
+pub mod wait;
+
+use std::cell::UnsafeCell;
+use std::os::raw::{c_char, c_int};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr::null_mut;
+
+use ffi::errno::FI_EOTHER;
+use ffi::prov::{FiContext, FiProvider};
+use ffi::{fi_version, FiOps, Fid};
+
+/// The provider's name, as `fi_info -p` and `FI_PROVIDER` spell it.
+pub const PROVIDER_NAME: &std::ffi::CStr = c"svnic";
+/// The provider's own version (0.1).
+pub const PROVIDER_VERSION: u32 = fi_version(0, 1);
+/// The libfabric API version implemented.
+pub const API_VERSION: u32 = fi_version(1, 17);
+
+/// The provider static. libfabric writes its private state into `context` at registration, so
+/// it must live in writable memory: the `UnsafeCell` keeps it out of read-only data.
+#[repr(transparent)]
+struct ProviderCell(UnsafeCell<FiProvider>);
+
+// SAFETY: Rust code never reads or writes the cell; libfabric writes `context` once, under its
+// own initialisation lock, before it uses the provider anywhere else.
+unsafe impl Sync for ProviderCell {}
+
+static PROVIDER: ProviderCell = ProviderCell(UnsafeCell::new(FiProvider {
+    version: PROVIDER_VERSION,
+    fi_version: API_VERSION,
+    context: FiContext {
+        internal: [null_mut(); 4],
+    },
+    name: PROVIDER_NAME.as_ptr(),
+    getinfo: Some(info::svnic_getinfo),
+    fabric: Some(fabric::svnic_fabric),
+    cleanup: Some(svnic_cleanup),
+}));
+
+/// The entry point libfabric looks up with `dlsym` after loading the library.
+#[no_mangle]
+pub extern "C" fn fi_prov_ini() -> *mut FiProvider {
+    // A logger that cannot be installed is no reason to fail the provider.
+    let _ = catch_unwind(StderrLog::install);
+    PROVIDER.0.get()
+}
+
+/// The provider's log: to stderr, at the level named by `FI_SVNIC_LOG` (`error`, `warn`,
+/// `info`, `debug`; unset: nothing), unless the application installed its own `log` logger.
+#[derive(Debug)]
+struct StderrLog;
+
+impl log::Log for StderrLog {
+    fn enabled(&self, m: &log::Metadata) -> bool {
+        m.level() <= log::max_level()
+    }
+
+    fn log(&self, r: &log::Record) {
+        if self.enabled(r.metadata()) {
+            eprintln!("svnic-fi {}: {}", r.level(), r.args());
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+impl StderrLog {
+    fn install() {
+        static LOG: StderrLog = StderrLog;
+        let Some(level) = std::env::var("FI_SVNIC_LOG")
+            .ok()
+            .and_then(|v| v.parse::<log::LevelFilter>().ok())
+        else {
+            return;
+        };
+        if log::set_logger(&LOG).is_ok() {
+            log::set_max_level(level);
+        }
+    }
+}
+
+/// Called by libfabric's destructor at process exit, before the library is unloaded: stops the
+/// only threads the provider starts (the waker threads of `FI_WAIT_FD` CQs).
+unsafe extern "C" fn svnic_cleanup() {
+    let _ = catch_unwind(wait::stop_all);
+}
+
+/// What an entry point returns when its body panicked (a bug): `-FI_EOTHER`, or NULL for the
+/// entry points that return strings.
+pub trait PanicReturn {
+    /// The value.
+    fn on_panic() -> Self;
+}
+
+impl PanicReturn for c_int {
+    fn on_panic() -> Self {
+        -FI_EOTHER
+    }
+}
+
+impl PanicReturn for isize {
+    fn on_panic() -> Self {
+        -(FI_EOTHER as isize)
+    }
+}
+
+impl PanicReturn for *const c_char {
+    fn on_panic() -> Self {
+        std::ptr::null()
+    }
+}
+
+/// Runs the body of an `extern "C"` entry point; a panic is logged and becomes
+/// [`PanicReturn::on_panic`] instead of unwinding into C (which would abort the application).
+pub fn guard<R: PanicReturn>(what: &str, f: impl FnOnce() -> R) -> R {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(_) => {
+            log::error!("svnic provider: {what} panicked; returning an error");
+            R::on_panic()
+        }
+    }
+}
+
+/// A provider object whose first field is its C fid (`#[repr(C)]`), recognised by its class and
+/// its `fi_ops` table.
+///
+/// # Safety
+/// Implementors must be `#[repr(C)]` with a struct beginning with `struct fid` as the first
+/// field, and [`FidObject::fi_ops`] must be a table used by no other type.
+pub unsafe trait FidObject: Sized {
+    /// The `FI_CLASS_*` value.
+    const CLASS: usize;
+    /// The address of the type's `fi_ops` static.
+    fn fi_ops() -> *const FiOps;
+}
+
+/// The provider object of type `T` that `fid` points to, or `None` for NULL, another class or
+/// a fid this provider did not create (another provider's, or garbage with the right class).
+///
+/// # Safety
+/// `fid` must be NULL or point to a readable `struct fid` that stays alive while the returned
+/// reference is used (libfabric's contract: objects live until `fi_close`).
+pub unsafe fn object<'a, T: FidObject>(fid: *const Fid) -> Option<&'a T> {
+    if fid.is_null() {
+        return None;
+    }
+    // SAFETY: non-NULL, and the caller guarantees a readable struct fid.
+    let head = unsafe { &*fid };
+    if head.fclass != T::CLASS || head.ops != T::fi_ops() {
+        return None;
+    }
+    // SAFETY: only objects of type T carry T's fi_ops table, and their fid is their first
+    // field (FidObject's contract), so the fid address is the object address.
+    Some(unsafe { &*(fid as *const T) })
+}
+
+/// Frees an object created with `Box::into_raw` after [`object`] recognised it.
+///
+/// # Safety
+/// `fid` must have been recognised by [`object::<T>`], come from `Box::into_raw`, and not be
+/// used again by anyone (libfabric's contract after `fi_close`).
+pub unsafe fn free_object<T: FidObject>(fid: *mut Fid) {
+    // SAFETY: per the contract above.
+    drop(unsafe { Box::from_raw(fid as *mut T) });
+}
+
+/// Writes `value` through an out-pointer the caller checked for NULL.
+///
+/// # Safety
+/// `out` must be valid for a write of `T`.
+pub(crate) unsafe fn put<T>(out: *mut T, value: T) {
+    // SAFETY: per the contract above; unaligned in case the application's buffer is packed.
+    unsafe { out.write_unaligned(value) }
+}

@@ -1,0 +1,981 @@
+//! The svnic libfabric provider through its C entry points, exactly as libfabric's inline
+//! wrappers call them (`fi_prov_ini`, then the function pointers of every object's tables), in
+//! this process, against the daemon (`Daemon::start`) with one host-process guest: attributes,
+//! the getname/AV protocols, data of every path (inline, staged DMA, queued, truncated, failed,
+//! cancelled), and bad use answered with libfabric error codes instead of a crash.
+#![allow(clippy::unwrap_used)]
+
+use std::ffi::CStr;
+use std::os::raw::{c_int, c_void};
+use std::ptr::{null, null_mut};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use svnic_backend::config::EngineOverrides;
+use svnic_channels::MacAddr;
+use svnic_control_plane::lifecycle::ChannelState;
+use svnic_fi::addr::{self, ADDR_LEN};
+use svnic_fi::errors::{PROV_CANCELED, PROV_TRUNCATED};
+use svnic_fi::ffi::domain::{FiAvAttr, FidAv, FidDomain};
+use svnic_fi::ffi::endpoint::{FiMsg, FidEp};
+use svnic_fi::ffi::eq::*;
+use svnic_fi::ffi::errno::*;
+use svnic_fi::ffi::prov::FiProvider;
+use svnic_fi::ffi::*;
+use svnic_fi::info::free_info;
+use svnic_tests::daemon_fixture::DaemonFixture;
+
+const MAC: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x72, 0x01, 0x01]);
+
+/// The provider's environment is process-wide: tests that open domains take this lock.
+static ENV: Mutex<()> = Mutex::new(());
+
+/// Calls slot `$slot` of the operations table at `$table`, as libfabric's inline wrappers do.
+macro_rules! call {
+    ($table:expr, $slot:ident ( $($arg:expr),* $(,)? )) => {{
+        // SAFETY: every table this test reaches is a static of the provider, found through a
+        // live object of this test; the arguments are live objects and buffers of this test,
+        // or deliberately NULL/garbage that the provider must refuse without touching.
+        let table = unsafe { &*$table };
+        let f = table.$slot.expect(concat!(stringify!($slot), " is NULL"));
+        // SAFETY: as above.
+        unsafe { f($($arg),*) }
+    }};
+}
+
+/// Reads a live C object of this test.
+fn r<'a, T>(p: *mut T) -> &'a T {
+    assert!(!p.is_null());
+    // SAFETY: only called on objects the provider returned to this test and not closed yet.
+    unsafe { &*p }
+}
+
+/// A zeroed C struct (attributes, hints, entries).
+fn zeroed<T>() -> T {
+    // SAFETY: only used for the C structs of the ffi module, whose fields are integers, raw
+    // pointers and nullable function pointers: all-zero bytes are a valid value of each.
+    unsafe { std::mem::zeroed() }
+}
+
+fn provider() -> &'static FiProvider {
+    // SAFETY: fi_prov_ini returns the address of the provider static.
+    unsafe { &*svnic_fi::fi_prov_ini() }
+}
+
+fn getinfo(
+    version: u32,
+    node: *const i8,
+    flags: u64,
+    hints: Option<&FiInfo>,
+) -> Result<*mut FiInfo, c_int> {
+    let mut out = null_mut();
+    let f = provider().getinfo.unwrap();
+    // SAFETY: NULL or live hints of this test; `out` is writable.
+    let rc = unsafe {
+        f(
+            version,
+            node,
+            null(),
+            flags,
+            hints.map_or(null(), |h| h as *const FiInfo),
+            &mut out,
+        )
+    };
+    if rc == 0 {
+        Ok(out)
+    } else {
+        Err(rc)
+    }
+}
+
+fn free(info: *mut FiInfo) {
+    // SAFETY: a list the provider's getinfo returned, freed once.
+    unsafe { free_info(info) }
+}
+
+/// Hints with every attribute struct present and zeroed.
+struct Hints {
+    info: Box<FiInfo>,
+    _tx: Box<FiTxAttr>,
+    _rx: Box<FiRxAttr>,
+    ep: Box<FiEpAttr>,
+    domain: Box<FiDomainAttr>,
+    fabric: Box<FiFabricAttr>,
+}
+
+impl Hints {
+    fn new() -> Hints {
+        let mut h = Hints {
+            info: Box::new(zeroed()),
+            _tx: Box::new(zeroed()),
+            _rx: Box::new(zeroed()),
+            ep: Box::new(zeroed()),
+            domain: Box::new(zeroed()),
+            fabric: Box::new(zeroed()),
+        };
+        h.info.tx_attr = &mut *h._tx;
+        h.info.rx_attr = &mut *h._rx;
+        h.info.ep_attr = &mut *h.ep;
+        h.info.domain_attr = &mut *h.domain;
+        h.info.fabric_attr = &mut *h.fabric;
+        h
+    }
+}
+
+#[test]
+fn getinfo_answers_hints_and_refuses_what_svnic_lacks() {
+    let v = svnic_fi::API_VERSION;
+    let f = provider().getinfo.unwrap();
+    // SAFETY: a NULL output pointer is the bad use under test.
+    let rc = unsafe { f(v, null(), null(), 0, null(), null_mut()) };
+    assert_eq!(rc, -FI_EINVAL);
+
+    let info = getinfo(v, null(), 0, None).unwrap();
+    let i = r(info);
+    assert!(i.next.is_null());
+    assert_eq!(i.caps & caps::FI_MSG, caps::FI_MSG);
+    assert_eq!(i.mode, 0);
+    assert_eq!(r(i.ep_attr).type_, FI_EP_DGRAM);
+    assert_eq!(r(i.ep_attr).max_msg_size, 65536);
+    assert_eq!(r(i.tx_attr).inject_size, 40);
+    assert_eq!(r(i.domain_attr).data_progress, FI_PROGRESS_MANUAL);
+    assert!(
+        r(i.fabric_attr).prov_name.is_null(),
+        "libfabric fills prov_name"
+    );
+    // SAFETY: the provider's NUL-terminated name.
+    assert_eq!(unsafe { CStr::from_ptr(r(i.fabric_attr).name) }, c"svnic");
+    free(info);
+
+    // Utility providers pass libfabric-internal flag bits: ignored.
+    free(getinfo(v, null(), 1 << 59, None).unwrap());
+    let mut h = Hints::new();
+    h.info.caps = caps::FI_MSG;
+    h.info.mode = !0;
+    h.ep.type_ = FI_EP_DGRAM;
+    h.ep.max_msg_size = 4096;
+    h.domain.av_type = FI_AV_MAP;
+    let info = getinfo(v, null(), 0, Some(&h.info)).unwrap();
+    assert_eq!(r(r(info).domain_attr).av_type, FI_AV_MAP);
+    free(info);
+
+    // A destination address in the hints (what fi_pingpong's client passes) is copied.
+    let dest = addr::encode(svnic_channels::ChannelAddr {
+        mac: MAC,
+        endpoint: 3,
+    });
+    let mut h = Hints::new();
+    h.info.dest_addr = dest.as_ptr() as *mut c_void;
+    h.info.dest_addrlen = ADDR_LEN;
+    let info = getinfo(v, null(), 0, Some(&h.info)).unwrap();
+    assert_eq!(r(info).dest_addrlen, ADDR_LEN);
+    // SAFETY: the provider allocated dest_addrlen bytes.
+    let copied = unsafe { std::slice::from_raw_parts(r(info).dest_addr as *const u8, ADDR_LEN) };
+    assert_eq!(copied, &dest);
+    free(info);
+
+    let garbage = [7u8; ADDR_LEN];
+    type Change = Box<dyn Fn(&mut Hints)>;
+    let refused: [(&str, Change); 9] = [
+        ("RDM", Box::new(|h| h.ep.type_ = 3)),
+        ("tagged", Box::new(|h| h.info.caps = caps::FI_TAGGED)),
+        ("1 MiB messages", Box::new(|h| h.ep.max_msg_size = 1 << 20)),
+        ("sockaddr_in", Box::new(|h| h.info.addr_format = 2)),
+        (
+            "auto progress",
+            Box::new(|h| h.domain.data_progress = FI_PROGRESS_AUTO),
+        ),
+        ("cq data", Box::new(|h| h.domain.cq_data_size = 4)),
+        (
+            "fabric name",
+            Box::new(|h| h.fabric.name = c"udp".as_ptr() as *mut _),
+        ),
+        (
+            "domain name",
+            Box::new(|h| h.domain.name = c"lo".as_ptr() as *mut _),
+        ),
+        (
+            "garbage address",
+            Box::new(move |h| {
+                h.info.dest_addr = garbage.as_ptr() as *mut c_void;
+                h.info.dest_addrlen = ADDR_LEN;
+            }),
+        ),
+    ];
+    for (what, set) in refused {
+        let mut h = Hints::new();
+        set(&mut h);
+        assert_eq!(
+            getinfo(v, null(), 0, Some(&h.info)).err(),
+            Some(-FI_ENODATA),
+            "{what}"
+        );
+    }
+    assert_eq!(
+        getinfo(v, c"host".as_ptr(), 0, None).err(),
+        Some(-FI_ENODATA),
+        "node"
+    );
+    assert_eq!(
+        getinfo(fi_version(1, 18), null(), 0, None).err(),
+        Some(-FI_ENODATA),
+        "1.18"
+    );
+
+    // fi_fabric: NULL attributes and another fabric's name.
+    let fab = provider().fabric.unwrap();
+    let mut out = null_mut();
+    // SAFETY: NULL attributes are the bad use under test.
+    assert_eq!(unsafe { fab(null_mut(), &mut out, null_mut()) }, -FI_EINVAL);
+    let mut attr: FiFabricAttr = zeroed();
+    attr.name = c"udp".as_ptr() as *mut _;
+    // SAFETY: live attributes of this test.
+    assert_eq!(unsafe { fab(&mut attr, &mut out, null_mut()) }, -FI_EINVAL);
+
+    // fi_domain with no guest socket configured, or one nobody serves.
+    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let (info, fabric) = open_fabric();
+    for (socket, want) in [
+        (None, -FI_ENODEV),
+        (Some("/nonexistent/svnic.sock"), -FI_ECONNREFUSED),
+    ] {
+        match socket {
+            Some(s) => std::env::set_var("FI_SVNIC_SOCKET", s),
+            None => std::env::remove_var("FI_SVNIC_SOCKET"),
+        }
+        let mut dom = null_mut();
+        assert_eq!(
+            call!(r(fabric).ops, domain(fabric, info, &mut dom, null_mut())),
+            want
+        );
+        assert!(dom.is_null());
+    }
+    close(fabric.cast());
+    free(info);
+}
+
+/// getinfo + fi_fabric as libfabric does them (it records the API version in the attributes).
+fn open_fabric() -> (*mut FiInfo, *mut FidFabric) {
+    let info = getinfo(svnic_fi::API_VERSION, null(), 0, None).unwrap();
+    let fa = r(info).fabric_attr;
+    // SAFETY: the provider's live attributes; libfabric writes api_version the same way.
+    unsafe { (*fa).api_version = svnic_fi::API_VERSION };
+    let mut fabric = null_mut();
+    let f = provider().fabric.unwrap();
+    // SAFETY: live attributes of the list above; `fabric` is writable.
+    assert_eq!(unsafe { f(fa, &mut fabric, null_mut()) }, 0);
+    (info, fabric)
+}
+
+fn close(fid: *mut Fid) {
+    assert_eq!(call!(r(fid).ops, close(fid)), 0);
+}
+
+fn cq_open(dom: *mut FidDomain, format: c_int, wait: c_int, flags: u64) -> (c_int, *mut FidCq) {
+    let mut attr: FiCqAttr = zeroed();
+    attr.size = 64;
+    attr.format = format;
+    attr.wait_obj = wait;
+    attr.flags = flags;
+    let mut cq = null_mut();
+    let rc = call!(r(dom).ops, cq_open(dom, &mut attr, &mut cq, null_mut()));
+    (rc, cq)
+}
+
+fn getname(ep: *mut FidEp) -> [u8; ADDR_LEN] {
+    let mut b = [0u8; ADDR_LEN];
+    let mut len = ADDR_LEN;
+    assert_eq!(
+        call!(
+            r(ep).cm,
+            getname(ep.cast(), b.as_mut_ptr().cast(), &mut len)
+        ),
+        0
+    );
+    assert_eq!(len, ADDR_LEN);
+    b
+}
+
+/// Reads completions of `cq` (DATA format) until `n` arrived or an error entry is next.
+fn read_n(cq: *mut FidCq, n: usize) -> Result<Vec<FiCqDataEntry>, isize> {
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while got.len() < n {
+        let mut e: [FiCqDataEntry; 4] = zeroed();
+        let rc = call!(r(cq).ops, read(cq, e.as_mut_ptr().cast(), 4));
+        match rc {
+            k if k > 0 => got.extend(e.into_iter().take(k as usize)),
+            k if k == -(FI_EAGAIN as isize) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "{} of {n} completions",
+                    got.len()
+                );
+                std::thread::yield_now();
+            }
+            k => return Err(k),
+        }
+    }
+    Ok(got)
+}
+
+/// Reads until the next entry of `cq` is an error, and returns it.
+fn read_err(cq: *mut FidCq) -> FiCqErrEntry {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut e: FiCqDataEntry = zeroed();
+        let rc = call!(
+            r(cq).ops,
+            read(cq, (&mut e as *mut FiCqDataEntry).cast(), 1)
+        );
+        if rc == -(FI_EAVAIL as isize) {
+            break;
+        }
+        assert_eq!(
+            rc,
+            -(FI_EAGAIN as isize),
+            "a success where an error was expected"
+        );
+        assert!(Instant::now() < deadline, "no error entry");
+        std::thread::yield_now();
+    }
+    let mut err: FiCqErrEntry = zeroed();
+    assert_eq!(call!(r(cq).ops, readerr(cq, &mut err, 0)), 1);
+    err
+}
+
+/// Waits up to `ms` for `fd` to become readable (poll(2)); true if it did.
+fn readable(fd: c_int, ms: c_int) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd.
+    let n = unsafe { libc::poll(&mut p, 1, ms) };
+    n == 1 && p.revents & libc::POLLIN != 0
+}
+
+fn ctx(n: usize) -> *mut c_void {
+    n as *mut c_void
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+const EAGAIN: isize = -(FI_EAGAIN as isize);
+const EINVAL: isize = -(FI_EINVAL as isize);
+
+#[test]
+fn endpoints_send_receive_and_refuse_bad_use() {
+    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let d = DaemonFixture::start("fi-api", &[(MAC, "")], EngineOverrides::default());
+    std::env::set_var("FI_SVNIC_SOCKET", d.sock(1));
+    std::env::remove_var("FI_SVNIC_ENDPOINT");
+    std::env::set_var("FI_SVNIC_PEER_TIMEOUT_MS", "200");
+    let (info, fabric) = open_fabric();
+    let mut dom = null_mut();
+    assert_eq!(
+        call!(r(fabric).ops, domain(fabric, info, &mut dom, null_mut())),
+        0
+    );
+
+    // Completion queues: formats and wait objects svnic lacks are refused.
+    assert_eq!(
+        cq_open(dom, FI_CQ_FORMAT_DATA, FI_WAIT_SET, 0).0,
+        -FI_ENOSYS
+    );
+    assert_eq!(
+        cq_open(dom, FI_CQ_FORMAT_DATA, FI_WAIT_NONE, 1).0,
+        -FI_EBADFLAGS
+    );
+    assert_eq!(cq_open(dom, 99, FI_WAIT_NONE, 0).0, -FI_EINVAL);
+    let (rc, cq_a) = cq_open(dom, FI_CQ_FORMAT_DATA, FI_WAIT_NONE, 0);
+    assert_eq!(rc, 0);
+    let (rc, cq_b) = cq_open(dom, FI_CQ_FORMAT_DATA, FI_WAIT_NONE, 0);
+    assert_eq!(rc, 0);
+
+    // Address vector: UNSPEC becomes TABLE.
+    let mut av_attr: FiAvAttr = zeroed();
+    let mut av: *mut FidAv = null_mut();
+    assert_eq!(
+        call!(r(dom).ops, av_open(dom, &mut av_attr, &mut av, null_mut())),
+        0
+    );
+    assert_eq!(av_attr.type_, FI_AV_TABLE);
+    av_attr.flags = 1;
+    let mut av2 = null_mut();
+    assert_eq!(
+        call!(r(dom).ops, av_open(dom, &mut av_attr, &mut av2, null_mut())),
+        -FI_EBADFLAGS
+    );
+
+    // Two endpoints: the first free endpoint ids of the guest.
+    let mut a: *mut FidEp = null_mut();
+    let mut b: *mut FidEp = null_mut();
+    assert_eq!(
+        call!(r(dom).ops, endpoint(dom, info, &mut a, null_mut())),
+        0
+    );
+    assert_eq!(
+        call!(r(dom).ops, endpoint(dom, info, &mut b, null_mut())),
+        0
+    );
+
+    // fi_getname: the -FI_ETOOSMALL protocol, then the address.
+    let mut len = 0usize;
+    assert_eq!(
+        call!(r(a).cm, getname(a.cast(), null_mut(), &mut len)),
+        -FI_ETOOSMALL
+    );
+    assert_eq!(len, ADDR_LEN);
+    let mut small = [0u8; 8];
+    len = small.len();
+    assert_eq!(
+        call!(
+            r(a).cm,
+            getname(a.cast(), small.as_mut_ptr().cast(), &mut len)
+        ),
+        -FI_ETOOSMALL
+    );
+    assert_eq!(
+        call!(r(a).cm, getname(a.cast(), null_mut(), null_mut())),
+        -FI_EINVAL
+    );
+    let (name_a, name_b) = (getname(a), getname(b));
+    let addr_a = addr::decode(&name_a).unwrap();
+    let addr_b = addr::decode(&name_b).unwrap();
+    assert_eq!((addr_a.mac, addr_a.endpoint), (MAC, 1));
+    assert_eq!((addr_b.mac, addr_b.endpoint), (MAC, 2));
+
+    // Not enabled yet: posts are refused, enable needs an AV, binds are checked.
+    let data = pattern(64, 1);
+    assert_eq!(
+        call!(
+            r(a).msg,
+            send(a, data.as_ptr().cast(), 8, null_mut(), 0, null_mut())
+        ),
+        -(FI_EOPBADSTATE as isize)
+    );
+    let enable = |ep: *mut FidEp| call!(r(ep).fid.ops, control(ep.cast(), FI_ENABLE, null_mut()));
+    assert_eq!(enable(a), -FI_ENOAV);
+    let bind = |ep: *mut FidEp, what: *mut Fid, flags: u64| {
+        call!(r(ep).fid.ops, bind(ep.cast(), what, flags))
+    };
+    static FOREIGN_OPS: FiOps = FiOps::ENOSYS;
+    let mut foreign = Fid {
+        fclass: FI_CLASS_CQ,
+        context: null_mut(),
+        ops: &FOREIGN_OPS,
+    };
+    assert_eq!(bind(a, null_mut(), 0), -FI_EINVAL);
+    assert_eq!(
+        bind(a, &mut foreign, op_flags::FI_TRANSMIT),
+        -FI_EINVAL,
+        "another provider's CQ"
+    );
+    assert_eq!(bind(a, cq_a.cast(), 0), -FI_EBADFLAGS);
+    assert_eq!(bind(a, av.cast(), op_flags::FI_RECV), -FI_EBADFLAGS);
+    for (ep, cq) in [(a, cq_a), (b, cq_b)] {
+        assert_eq!(bind(ep, av.cast(), 0), 0);
+        assert_eq!(
+            bind(ep, cq.cast(), op_flags::FI_TRANSMIT | op_flags::FI_RECV),
+            0
+        );
+        assert_eq!(enable(ep), 0);
+    }
+    assert_eq!(
+        bind(a, cq_b.cast(), op_flags::FI_RECV),
+        -FI_EOPBADSTATE,
+        "after enable"
+    );
+
+    let insert = |addrs: &[u8], out: &mut [u64], flags: u64| {
+        let (p, n, o) = (addrs.as_ptr().cast(), out.len(), out.as_mut_ptr());
+        call!(r(av).ops, insert(av, p, n, o, flags, null_mut()))
+    };
+    // fi_av_insert: the count inserted; garbage gets FI_ADDR_NOTAVAIL, and all-garbage an error.
+    let mut fi_addr = [0u64; 2];
+    let both: Vec<u8> = [name_a, name_b].concat();
+    assert_eq!(insert(&both, &mut fi_addr[..2], 0), 2);
+    assert_eq!(fi_addr, [0, 1]);
+    let (to_a, to_b) = (fi_addr[0], fi_addr[1]);
+    let garbage = [0x5au8; ADDR_LEN];
+    let mut h = [0u64; 1];
+    assert_eq!(insert(&garbage, &mut h[..1], 0), -FI_EINVAL);
+    assert_eq!(h[0], FI_ADDR_NOTAVAIL);
+    let mixed: Vec<u8> = [garbage, name_b].concat();
+    let mut h2 = [0u64; 2];
+    assert_eq!(insert(&mixed, &mut h2[..2], 0), 1);
+    assert_eq!(h2, [FI_ADDR_NOTAVAIL, 2]);
+    assert_eq!(
+        call!(
+            r(av).ops,
+            insert(av, null(), 1, h.as_mut_ptr(), 0, null_mut())
+        ),
+        -FI_EINVAL
+    );
+    assert_eq!(insert(&both, &mut h[..1], 1 << 4), -FI_EBADFLAGS);
+    // Service-name insertion is not offered.
+    assert_eq!(
+        call!(
+            r(av).ops,
+            insertsvc(
+                av,
+                c"h".as_ptr(),
+                c"1".as_ptr(),
+                h.as_mut_ptr(),
+                0,
+                null_mut()
+            )
+        ),
+        -FI_ENOSYS
+    );
+
+    // fi_av_lookup / straddr.
+    let mut out = [0u8; 4];
+    let mut len = out.len();
+    assert_eq!(
+        call!(
+            r(av).ops,
+            lookup(av, to_b, out.as_mut_ptr().cast(), &mut len)
+        ),
+        0
+    );
+    assert_eq!(
+        (len, out),
+        (ADDR_LEN, [name_b[0], name_b[1], name_b[2], name_b[3]])
+    );
+    assert_eq!(
+        call!(r(av).ops, lookup(av, 77, out.as_mut_ptr().cast(), &mut len)),
+        -FI_EINVAL
+    );
+    assert_eq!(
+        call!(
+            r(av).ops,
+            lookup(av, to_b, out.as_mut_ptr().cast(), null_mut())
+        ),
+        -FI_EINVAL
+    );
+    let mut text = [0u8; 64];
+    let mut tlen = text.len();
+    let s = call!(
+        r(av).ops,
+        straddr(
+            av,
+            name_b.as_ptr().cast(),
+            text.as_mut_ptr().cast(),
+            &mut tlen
+        )
+    );
+    assert!(!s.is_null());
+    // SAFETY: straddr wrote a NUL-terminated string into `text`.
+    let s = unsafe { CStr::from_ptr(s) }.to_str().unwrap();
+    assert_eq!(s, format!("fi_svnic://{MAC}/2"));
+    assert_eq!(tlen, s.len() + 1);
+
+    // Bad posts: unknown address, NULL buffers, too long, bad flags, missing operations.
+    let send = |ep: *mut FidEp, buf: &[u8], to: u64, c: usize| {
+        call!(
+            r(ep).msg,
+            send(ep, buf.as_ptr().cast(), buf.len(), null_mut(), to, ctx(c))
+        )
+    };
+    let recv = |ep: *mut FidEp, buf: &mut [u8], c: usize| {
+        call!(
+            r(ep).msg,
+            recv(
+                ep,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                null_mut(),
+                0,
+                ctx(c)
+            )
+        )
+    };
+    let big = pattern(65537, 3);
+    // Lengths far beyond max_msg_size are refused before anything is read or allocated.
+    let huge = call!(
+        r(a).msg,
+        send(
+            a,
+            data.as_ptr().cast(),
+            1 << 40,
+            null_mut(),
+            to_b,
+            null_mut()
+        )
+    );
+    assert_eq!(huge, -(FI_EMSGSIZE as isize));
+    let halves = [libc::iovec {
+        iov_base: data.as_ptr() as *mut c_void,
+        iov_len: usize::MAX / 2 + 1,
+    }; 2];
+    let wrap = call!(
+        r(a).msg,
+        sendv(a, halves.as_ptr(), null_mut(), 2, to_b, null_mut())
+    );
+    assert_eq!(wrap, -(FI_EMSGSIZE as isize), "lengths whose sum overflows");
+    assert_eq!(send(a, &data, 99, 0), EINVAL, "unknown fi_addr");
+    assert_eq!(send(a, &data, FI_ADDR_NOTAVAIL, 0), EINVAL);
+    assert_eq!(
+        call!(r(a).msg, send(a, null(), 5, null_mut(), to_b, null_mut())),
+        EINVAL
+    );
+    assert_eq!(send(a, &big, to_b, 0), -(FI_EMSGSIZE as isize));
+    assert_eq!(
+        call!(r(a).msg, inject(a, data.as_ptr().cast(), 41, to_b)),
+        -(FI_EMSGSIZE as isize)
+    );
+    assert_eq!(
+        call!(r(a).msg, recv(a, null_mut(), 8, null_mut(), 0, null_mut())),
+        EINVAL
+    );
+    let iov = [libc::iovec {
+        iov_base: null_mut(),
+        iov_len: 0,
+    }; 5];
+    assert_eq!(
+        call!(
+            r(a).msg,
+            recvv(a, iov.as_ptr(), null_mut(), 5, 0, null_mut())
+        ),
+        EINVAL
+    );
+    assert_eq!(call!(r(a).msg, sendmsg(a, null(), 0)), EINVAL);
+    let one = [libc::iovec {
+        iov_base: data.as_ptr() as *mut c_void,
+        iov_len: 8,
+    }];
+    let msg = FiMsg {
+        msg_iov: one.as_ptr(),
+        desc: null_mut(),
+        iov_count: 1,
+        addr: to_b,
+        context: null_mut(),
+        data: 0,
+    };
+    assert_eq!(
+        call!(r(a).msg, sendmsg(a, &msg, op_flags::FI_REMOTE_CQ_DATA)),
+        -(FI_EBADFLAGS as isize)
+    );
+    assert_eq!(
+        call!(
+            r(a).msg,
+            senddata(a, data.as_ptr().cast(), 8, null_mut(), 1, to_b, null_mut())
+        ),
+        -(FI_ENOSYS as isize)
+    );
+    assert_eq!(
+        call!(
+            r(a).tagged,
+            send(a, data.as_ptr().cast(), 8, null_mut(), to_b, 1, null_mut())
+        ),
+        -(FI_ENOSYS as isize)
+    );
+    assert_eq!(
+        call!(
+            r(a).rma,
+            read(a, null_mut(), 8, null_mut(), to_b, 0, 0, null_mut())
+        ),
+        -(FI_ENOSYS as isize)
+    );
+    assert_eq!(
+        call!(r(a).atomic, writevalid(a, 0, 0, null_mut())),
+        -FI_ENOSYS
+    );
+    assert_eq!(
+        call!(r(a).collective, barrier(a, 0, null_mut())),
+        -(FI_ENOSYS as isize)
+    );
+    assert_eq!(
+        call!(r(a).ops, getopt(a.cast(), 0, 0, null_mut(), null_mut())),
+        -FI_ENOPROTOOPT
+    );
+    assert_eq!(call!(r(cq_a).ops, read(cq_a, null_mut(), 1)), EINVAL);
+    assert_eq!(call!(r(cq_a).ops, readerr(cq_a, null_mut(), 0)), EINVAL);
+    let mut e: FiCqErrEntry = zeroed();
+    assert_eq!(call!(r(cq_a).ops, readerr(cq_a, &mut e, 0)), EAGAIN);
+    assert_eq!(
+        call!(
+            r(cq_a).ops,
+            sread(cq_a, (&mut e as *mut FiCqErrEntry).cast(), 1, null(), 0)
+        ),
+        -(FI_ENOSYS as isize),
+        "no wait object"
+    );
+
+    // Data: inline (5 B), staged DMA (1000 B, 64 KiB), and a zero-length message.
+    let mut bufs: Vec<Vec<u8>> = (0..4).map(|_| vec![0u8; 65536]).collect();
+    for (k, buf) in bufs.iter_mut().enumerate() {
+        let rc = recv(b, buf, 100 + k);
+        assert_eq!(rc, 0);
+    }
+    let payloads = [
+        pattern(5, 7),
+        pattern(1000, 8),
+        pattern(65536, 9),
+        Vec::new(),
+    ];
+    for (k, p) in payloads.iter().enumerate() {
+        assert_eq!(send(a, p, to_b, 1 + k), 0);
+    }
+    let mut sent: Vec<usize> = read_n(cq_a, 4)
+        .unwrap()
+        .iter()
+        .map(|e| {
+            assert_eq!(e.flags, op_flags::FI_SEND | op_flags::FI_MSG);
+            e.op_context as usize
+        })
+        .collect();
+    sent.sort_unstable();
+    assert_eq!(sent, [1, 2, 3, 4]);
+    let got = read_n(cq_b, 4).unwrap();
+    for (k, e) in got.iter().enumerate() {
+        assert_eq!(e.flags, op_flags::FI_RECV | op_flags::FI_MSG);
+        assert_eq!(e.op_context as usize, 100 + k, "receives complete in order");
+        assert_eq!(e.len, payloads[k].len());
+        assert_eq!(e.buf as usize, bufs[k].as_ptr() as usize);
+        assert_eq!(&bufs[k][..e.len], &payloads[k][..], "payload {k}");
+    }
+
+    // A message with no receive posted waits for the next fi_recv; fi_inject completes nothing.
+    let early = pattern(20, 11);
+    assert_eq!(
+        call!(
+            r(a).msg,
+            inject(a, early.as_ptr().cast(), early.len(), to_b)
+        ),
+        0
+    );
+    let late = pattern(3000, 12);
+    assert_eq!(send(a, &late, to_b, 5), 0);
+    assert_eq!(read_n(cq_a, 1).unwrap()[0].op_context as usize, 5);
+    std::thread::sleep(Duration::from_millis(50));
+    for (k, want) in [&early, &late].into_iter().enumerate() {
+        let buf = &mut bufs[k];
+        buf.fill(0);
+        assert_eq!(recv(b, buf, 200 + k), 0);
+        let e = read_n(cq_b, 1).unwrap()[0];
+        assert_eq!((e.op_context as usize, e.len), (200 + k, want.len()));
+        assert_eq!(&buf[..e.len], &want[..]);
+    }
+    let mut none: FiCqDataEntry = zeroed();
+    assert_eq!(
+        call!(
+            r(cq_a).ops,
+            read(cq_a, (&mut none as *mut FiCqDataEntry).cast(), 1)
+        ),
+        EAGAIN,
+        "no completion of fi_inject"
+    );
+
+    // The other direction.
+    let mut back = [0u8; 64];
+    assert_eq!(recv(a, &mut back, 250), 0);
+    let reply = pattern(33, 14);
+    assert_eq!(send(b, &reply, to_a, 251), 0);
+    assert_eq!(read_n(cq_b, 1).unwrap()[0].op_context as usize, 251);
+    let e = read_n(cq_a, 1).unwrap()[0];
+    assert_eq!((e.op_context as usize, e.len), (250, reply.len()));
+    assert_eq!(&back[..e.len], &reply[..]);
+
+    // Truncation: an error entry with the bytes that did not fit.
+    let mut small = [0u8; 10];
+    assert_eq!(recv(b, &mut small, 300), 0);
+    let long = pattern(100, 13);
+    assert_eq!(send(a, &long, to_b, 6), 0);
+    let err = read_err(cq_b);
+    assert_eq!(
+        (err.op_context as usize, err.err, err.prov_errno),
+        (300, FI_ETRUNC, PROV_TRUNCATED)
+    );
+    assert_eq!((err.len, err.olen), (10, 90));
+    assert_eq!(&small[..], &long[..10]);
+    assert_eq!(read_n(cq_a, 1).unwrap()[0].op_context as usize, 6);
+
+    // A destination nobody is bound to: the engine's NoRoute as FI_EHOSTUNREACH, inline and DMA.
+    let nowhere = addr::encode(svnic_channels::ChannelAddr {
+        mac: MAC,
+        endpoint: 999,
+    });
+    let mut to_nowhere = [0u64];
+    assert_eq!(insert(&nowhere, &mut to_nowhere, 0), 1);
+    let to_nowhere = to_nowhere[0];
+    for (k, len) in [(400, 5), (401, 500)] {
+        assert_eq!(send(a, &pattern(len, 1), to_nowhere, k), 0);
+        let err = read_err(cq_a);
+        assert_eq!(
+            (err.op_context as usize, err.err, err.prov_errno),
+            (k, FI_EHOSTUNREACH, 1),
+            "{len} B"
+        );
+        let s = call!(
+            r(cq_a).ops,
+            strerror(cq_a, err.prov_errno, null(), null_mut(), 0)
+        );
+        // SAFETY: strerror returns a static NUL-terminated string when given no buffer.
+        assert!(unsafe { CStr::from_ptr(s) }
+            .to_str()
+            .unwrap()
+            .contains("no route"));
+    }
+
+    // fi_cancel of a posted receive: an FI_ECANCELED entry; an unknown context: -FI_ENOENT.
+    let mut c = [0u8; 16];
+    assert_eq!(recv(b, &mut c, 500), 0);
+    assert_eq!(call!(r(b).ops, cancel(b.cast(), ctx(500))), 0);
+    let err = read_err(cq_b);
+    assert_eq!(
+        (err.op_context as usize, err.err, err.prov_errno),
+        (500, FI_ECANCELED, PROV_CANCELED)
+    );
+    assert_eq!(
+        call!(r(b).ops, cancel(b.cast(), ctx(500))),
+        -(FI_ENOENT as isize)
+    );
+
+    // FI_WAIT_FD: the descriptor of fi_control(FI_GETWAIT) becomes readable when a completion
+    // arrives after fi_trywait said 0; fi_trywait with something to read says -FI_EAGAIN.
+    let (rc, cq_w) = cq_open(dom, FI_CQ_FORMAT_DATA, FI_WAIT_FD, 0);
+    assert_eq!(rc, 0);
+    let mut c: *mut FidEp = null_mut();
+    assert_eq!(
+        call!(r(dom).ops, endpoint(dom, info, &mut c, null_mut())),
+        0
+    );
+    assert_eq!(bind(c, av.cast(), 0), 0);
+    assert_eq!(
+        bind(c, cq_w.cast(), op_flags::FI_TRANSMIT | op_flags::FI_RECV),
+        0
+    );
+    assert_eq!(enable(c), 0);
+    let mut to_c = [0u64];
+    assert_eq!(insert(&getname(c), &mut to_c, 0), 1);
+    let to_c = to_c[0];
+    let mut obj: c_int = -1;
+    let mut fd: c_int = -1;
+    let control = |what: c_int, out: &mut c_int| {
+        let arg = (out as *mut c_int).cast();
+        call!(r(cq_w).fid.ops, control(cq_w.cast(), what, arg))
+    };
+    assert_eq!(control(FI_GETWAITOBJ, &mut obj), 0);
+    assert_eq!(obj, FI_WAIT_FD);
+    assert_eq!(control(FI_GETWAIT, &mut fd), 0);
+    assert!(fd >= 0);
+    let mut none_fd = -1;
+    assert_eq!(
+        call!(
+            r(cq_a).fid.ops,
+            control(cq_a.cast(), FI_GETWAIT, (&mut none_fd as *mut c_int).cast())
+        ),
+        -FI_ENODATA
+    );
+    let trywait = |fid: *mut Fid| {
+        let mut fids = [fid];
+        call!(r(fabric).ops, trywait(fabric, fids.as_mut_ptr(), 1))
+    };
+    assert_eq!(trywait(cq_a.cast()), -FI_EINVAL, "no wait object");
+    assert_eq!(trywait(&mut foreign), -FI_EINVAL, "another provider's CQ");
+    let mut wbuf = vec![0u8; 4096];
+    for round in 0..3usize {
+        assert_eq!(recv(c, &mut wbuf, 600 + round), 0);
+        assert_eq!(
+            trywait(cq_w.cast()),
+            0,
+            "round {round}: nothing to read yet"
+        );
+        assert!(
+            !readable(fd, 0),
+            "round {round}: readable before anything was sent"
+        );
+        let p = pattern(100 + round * 1000, 15);
+        assert_eq!(send(a, &p, to_c, 700 + round), 0);
+        assert_eq!(read_n(cq_a, 1).unwrap()[0].op_context as usize, 700 + round);
+        assert!(
+            readable(fd, 10_000),
+            "round {round}: the descriptor never became readable"
+        );
+        assert_eq!(
+            trywait(cq_w.cast()),
+            -FI_EAGAIN,
+            "round {round}: a completion waits"
+        );
+        let e = read_n(cq_w, 1).unwrap()[0];
+        assert_eq!((e.op_context as usize, e.len), (600 + round, p.len()));
+        assert_eq!(&wbuf[..e.len], &p[..]);
+        assert!(
+            !readable(fd, 0),
+            "round {round}: the read drained the descriptor"
+        );
+    }
+    // fi_cq_sread blocks on the descriptor: a timeout with nothing, then a completion.
+    let mut one: FiCqDataEntry = zeroed();
+    let one_ptr = (&mut one as *mut FiCqDataEntry).cast();
+    assert_eq!(
+        call!(r(cq_w).ops, sread(cq_w, one_ptr, 1, null(), 50)),
+        EAGAIN
+    );
+    assert_eq!(recv(c, &mut wbuf, 650), 0);
+    assert_eq!(send(a, &pattern(7, 16), to_c, 750), 0);
+    assert_eq!(
+        call!(r(cq_w).ops, sread(cq_w, one_ptr, 1, null(), 10_000)),
+        1
+    );
+    assert_eq!((one.op_context as usize, one.len), (650, 7));
+    assert_eq!(read_n(cq_a, 1).unwrap()[0].op_context as usize, 750);
+
+    // Peer liveness: c sent to a, so when a's endpoint goes away while c waits for a message,
+    // c's probe meets NoRoute and the waiting receive fails instead of waiting forever.
+    assert_eq!(send(c, &pattern(8, 17), to_a, 800), 0);
+    assert_eq!(read_n(cq_w, 1).unwrap()[0].op_context as usize, 800);
+    assert_eq!(recv(c, &mut wbuf, 801), 0);
+    close(a.cast());
+    let err = read_err(cq_w);
+    assert_eq!(
+        (err.op_context as usize, err.err, err.prov_errno),
+        (801, FI_EHOSTUNREACH, 1),
+        "the receive fails with the engine's NoRoute"
+    );
+    close(c.cast());
+    close(cq_w.cast());
+
+    // Closing: a fid of the right class that is not the provider's is refused; then everything.
+    let mut fake_ep = Fid {
+        fclass: FI_CLASS_EP,
+        context: null_mut(),
+        ops: &FOREIGN_OPS,
+    };
+    assert_eq!(call!(r(b).fid.ops, close(&mut fake_ep)), -FI_EINVAL);
+    for fid in [
+        b.cast(),
+        cq_a.cast(),
+        cq_b.cast(),
+        av.cast(),
+        dom.cast(),
+        fabric.cast::<Fid>(),
+    ] {
+        close(fid);
+    }
+    free(info);
+    let states: Vec<_> = d
+        .daemon()
+        .engine()
+        .channel_records()
+        .iter()
+        .map(|c| (c.addr.endpoint, c.state))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            (1, ChannelState::Destroyed),
+            (2, ChannelState::Destroyed),
+            (3, ChannelState::Destroyed)
+        ],
+        "closing the endpoints destroyed their channels"
+    );
+}
