@@ -143,6 +143,33 @@ fn exchange(name: &str, payload: Payload) {
         if report.cpl3_native() {
             assert!(n("insn_emulation") <= 1, "{:?}", s.nonzero());
         }
+        // In the steady state (every page touched, the final store still to come) the kernel
+        // saw nothing but host interrupts: no page fault, no MMIO or port exit, nothing emulated.
+        let w = r
+            .steady
+            .as_ref()
+            .expect("the launcher saw the steady-state window");
+        let n = |name| w.stats.get(name).unwrap_or(0);
+        eprintln!(
+            "steady state: {} messages (replies {}..{}), counters {:?}",
+            w.messages(),
+            w.from,
+            w.to,
+            w.stats.nonzero()
+        );
+        assert!(w.messages() >= 100, "{w:?}");
+        assert_eq!(n("exits"), n("irq_exits"), "{:?}", w.stats.nonzero());
+        assert_eq!(
+            (
+                n("mmio_exits"),
+                n("io_exits"),
+                n("pf_fixed"),
+                n("insn_emulation")
+            ),
+            (0, 0, 0, 0),
+            "{:?}",
+            w.stats.nonzero()
+        );
     }
 }
 

@@ -36,5 +36,5 @@ pub mod boot_info {
 
 pub use detect::{detect, detect_all, KvmReport, ModeProbe};
 pub use error::MicroVmError;
-pub use launcher::{run_bypass, BypassConfig, BypassReport};
+pub use launcher::{run_bypass, BypassConfig, BypassReport, Window};
 pub use program::Payload;

@@ -72,6 +72,15 @@ fn cmd_bypass(cfg: &BypassConfig) -> Result<ExitCode, String> {
         Some(s) => println!("KVM exit counters over the run: {:?}", s.exits()),
         None => println!("KVM exit counters: no binary statistics on this kernel"),
     }
+    if let Some(w) = &r.steady {
+        println!(
+            "KVM exit counters over {} messages in the steady state (replies {}..{}): {:?}",
+            w.messages(),
+            w.from,
+            w.to,
+            w.stats.exits()
+        );
+    }
     Ok(if r.ok() {
         ExitCode::SUCCESS
     } else {
