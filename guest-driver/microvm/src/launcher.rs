@@ -1,0 +1,251 @@
+//! The launcher: a micro-VM that is a host-process guest of `svnic serve`.
+//!
+//! It connects to the daemon as a [`HostGuest`] (which creates the memfd guest memory and
+//! brings up virtio-net over vhost-user), creates the channel through the control path on the
+//! guest program's behalf (Pending, then Success), registers the very same memory as the KVM
+//! memslot, loads the program and its boot-info page from that memory's allocator, and runs the
+//! vCPU until the program's final MMIO exit. The host side never touches the channel while the
+//! program runs; it destroys it afterwards.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use log::info;
+use svnic_channels::layout::{header, DEFAULT_REGION_LEN};
+use svnic_channels::{ChannelAddr, EndpointId};
+use svnic_host_frontend::host_guest::CreateState;
+use svnic_host_frontend::virtio_user::MemfdMemory;
+use svnic_host_frontend::HostGuest;
+
+use crate::boot_info::BI_DONE;
+use crate::detect;
+use crate::error::MicroVmError;
+use crate::program::{load_bypass, read_bypass, BypassArgs, BypassResult, Payload};
+use crate::stats::{Snapshot, VcpuStats};
+use crate::vcpu::{run_until_exit, RunOutcome};
+use crate::vm::{load, MicroVm, EXIT_GPA};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BypassConfig {
+    /// The guest socket of `svnic serve` to connect to.
+    pub socket: PathBuf,
+    /// Guest memory size (at most [`crate::vm::MAX_MEMORY`]).
+    pub memory_size: u64,
+    /// The guest's channel endpoint.
+    pub endpoint: EndpointId,
+    /// Slots per ring.
+    pub ring_size: u32,
+    /// The peer: an echo (such as `svnic-guest echo`), answering each message with its payload
+    /// and cookie.
+    pub peer: ChannelAddr,
+    /// Messages.
+    pub count: u64,
+    /// Payload of message `i` is `seed + i` (DMA-data: qword `k` is `seed + i + k`).
+    pub seed: u64,
+    /// User-data or DMA-data.
+    pub payload: Payload,
+    /// Longest wait for the create answer, and for the program to finish.
+    pub timeout: Duration,
+}
+
+/// What happened.
+#[derive(Debug, Clone)]
+pub struct BypassReport {
+    /// This guest's channel address.
+    pub addr: ChannelAddr,
+    /// The channel region's guest-physical address, as handed to the program.
+    pub channel_gpa: u64,
+    /// Messages asked for.
+    pub count: u64,
+    /// What the program reported.
+    pub result: BypassResult,
+    /// The run.
+    pub run: RunOutcome,
+    /// The vCPU's KVM statistics over the run (after − before), if the kernel has them.
+    pub stats: Option<Snapshot>,
+    /// The statistics over a window of the run in the steady state, if one was seen.
+    pub steady: Option<Window>,
+}
+
+/// KVM's statistics over the messages `from..to` of a run, read while the vCPU ran: after every
+/// ring slot was used once (so every page the program touches has been touched) and well before
+/// the final exit.
+#[derive(Debug, Clone)]
+pub struct Window {
+    /// Replies checked right after the first snapshot.
+    pub from: u64,
+    /// Replies checked right before the second snapshot.
+    pub to: u64,
+    /// The counters over the window (second − first).
+    pub stats: Snapshot,
+}
+
+impl Window {
+    /// Messages wholly inside the window (the one in flight at the first snapshot may have
+    /// begun before it).
+    pub fn messages(&self) -> u64 {
+        self.to.saturating_sub(self.from + 1)
+    }
+}
+
+/// Where the steady-state window opens and closes, for `count` messages on rings of
+/// `ring_size`: from the first wrap of the rings to halfway through the rest, which leaves the
+/// second half for the monitor to see it close before the run ends. None for short runs.
+fn window_bounds(count: u64, ring_size: u32) -> Option<(u64, u64)> {
+    let from = u64::from(ring_size);
+    let to = from + count.checked_sub(from)? / 2;
+    (to >= from + 2).then_some((from, to))
+}
+
+/// Polls the program's progress in boot info `info` while `running`, and snapshots `stats`
+/// when it passes `bounds`. The window counts only if the program had not finished when the
+/// second snapshot was taken (its final exit comes after it reports every reply).
+fn watch_window(
+    memory: &MemfdMemory,
+    info: u64,
+    stats: &VcpuStats,
+    bounds: (u64, u64),
+    count: u64,
+    running: &AtomicBool,
+) -> Option<Window> {
+    let done = || load::<u64>(memory, info + BI_DONE).ok();
+    let mut first: Option<(u64, Snapshot)> = None;
+    while running.load(Ordering::Acquire) {
+        let now = done()?;
+        match &first {
+            None if now >= bounds.0 => {
+                let snap = stats.snapshot().ok()?;
+                first = Some((done()?, snap));
+            }
+            Some((from, before)) if now >= bounds.1 => {
+                let snap = stats.snapshot().ok()?;
+                let to = done()?;
+                return (to < count).then(|| Window {
+                    from: *from,
+                    to: now,
+                    stats: snap.since(before),
+                });
+            }
+            _ => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+    None
+}
+
+impl BypassReport {
+    /// Whether every reply arrived intact and in order.
+    pub fn ok(&self) -> bool {
+        self.result.result == crate::boot_info::RESULT_OK && self.result.done == self.count
+    }
+}
+
+/// Runs the bypass program once, as described in the module documentation.
+pub fn run_bypass(cfg: &BypassConfig) -> Result<BypassReport, MicroVmError> {
+    let kvm = detect::open()?;
+    let guest = HostGuest::connect(&cfg.socket, cfg.memory_size)?;
+    let pending = guest.begin_create(cfg.endpoint, cfg.ring_size, DEFAULT_REGION_LEN)?;
+    let channel_gpa = pending.region_addr();
+    let addr = pending.addr();
+    let channel = match pending.wait(cfg.timeout)? {
+        CreateState::Success(channel) => channel,
+        CreateState::Failure(reason) => return Err(MicroVmError::Create(reason.to_string())),
+        CreateState::Pending(_) => {
+            return Err(MicroVmError::Create(format!(
+                "no answer within {:?}",
+                cfg.timeout
+            )))
+        }
+    };
+    info!(
+        "channel {} at {addr} in guest memory at {channel_gpa:#x}",
+        channel.id()
+    );
+    cfg.payload.check(channel.layout())?;
+    let mut vm = MicroVm::new(&kvm, Arc::clone(guest.memory()))?;
+    let info = load_bypass(
+        &vm,
+        BypassArgs {
+            channel_gpa,
+            peer: cfg.peer,
+            count: cfg.count,
+            seed: cfg.seed,
+            payload: cfg.payload,
+        },
+    )?;
+    let stats = VcpuStats::open(vm.vcpu_mut()).ok();
+    let before = stats.as_ref().map(VcpuStats::snapshot).transpose()?;
+    let memory = Arc::clone(vm.memory());
+    let running = AtomicBool::new(true);
+    let (memory, running, count) = (&memory, &running, cfg.count);
+    let (run, steady) = std::thread::scope(|s| {
+        let watcher = match (&stats, window_bounds(cfg.count, cfg.ring_size)) {
+            (Some(st), Some(bounds)) => {
+                Some(s.spawn(move || watch_window(memory, info, st, bounds, count, running)))
+            }
+            _ => None,
+        };
+        let run = run_until_exit(vm.vcpu_mut(), EXIT_GPA, cfg.timeout);
+        running.store(false, Ordering::Release);
+        (run, watcher.and_then(|w| w.join().ok().flatten()))
+    });
+    let after = stats.as_ref().map(VcpuStats::snapshot).transpose()?;
+    let run = match run {
+        Err(MicroVmError::Timeout { waited }) => {
+            let progress = format!(
+                "{}; channel: {}",
+                read_bypass(&vm, info)?.describe(),
+                channel_words(&vm, channel_gpa)?
+            );
+            return Err(MicroVmError::Stalled { waited, progress });
+        }
+        other => other?,
+    };
+    let result = read_bypass(&vm, info)?;
+    guest.destroy_channel(channel, cfg.timeout)?;
+    Ok(BypassReport {
+        addr,
+        channel_gpa,
+        count: cfg.count,
+        result,
+        run,
+        stats: after.zip(before).map(|(a, b)| a.since(&b)),
+        steady,
+    })
+}
+
+/// The channel's index and flag words (docs/abi.md §2), for a stalled run's report.
+fn channel_words(vm: &MicroVm, gpa: u64) -> Result<String, MicroVmError> {
+    let words = [
+        ("fault", header::FAULT),
+        ("tx_head", header::TX_HEAD),
+        ("tx_tail", header::TX_TAIL),
+        ("rx_head", header::RX_HEAD),
+        ("rx_tail", header::RX_TAIL),
+        ("engine_sleeping", header::ENGINE_SLEEPING),
+    ];
+    let mut out = Vec::with_capacity(words.len());
+    for (name, offset) in words {
+        out.push(format!(
+            "{name} {}",
+            load::<u32>(vm.memory(), gpa + offset as u64)?
+        ));
+    }
+    Ok(out.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::window_bounds;
+
+    #[test]
+    fn the_steady_window_opens_after_the_first_wrap_and_closes_halfway_through_the_rest() {
+        assert_eq!(window_bounds(1000, 256), Some((256, 628)));
+        assert_eq!(window_bounds(260, 256), Some((256, 258)));
+        // Too short for a window: no more than one message past the first wrap.
+        assert_eq!(window_bounds(259, 256), None);
+        assert_eq!(window_bounds(100, 256), None);
+    }
+}

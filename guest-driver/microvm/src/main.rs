@@ -1,0 +1,241 @@
+//! `svnic-microvm`: detect what KVM runs natively here, run the bypass guest program against a
+//! peer through `svnic serve`, or be that peer (a host-process echo).
+//!
+//! ```text
+//! svnic-microvm detect
+//! svnic-microvm bypass --socket PATH --peer MAC/ENDPOINT [--endpoint N] [--count N]
+//!                      [--dma-len BYTES] [--ring-size N] [--memory-mib N] [--timeout-secs N]
+//! svnic-microvm echo --socket PATH [--endpoint N] [--count N] [--ring-size N] [--timeout-secs N]
+//! ```
+//! `detect` exits 0 when 64-bit user mode runs natively, 2 when it does not, 1 on error.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use svnic_channels::{ChannelAddr, MacAddr};
+use svnic_host_frontend::HostGuest;
+use svnic_microvm::{detect, detect_all, peer, run_bypass, BypassConfig, MicroVmError, Payload};
+
+const USAGE: &str = concat!(
+    "usage: svnic-microvm detect\n",
+    "       svnic-microvm bypass --socket PATH --peer MAC/ENDPOINT [--endpoint N] [--count N]\n",
+    "                            [--dma-len BYTES] [--ring-size N] [--memory-mib N]\n",
+    "                            [--timeout-secs N]\n",
+    "       svnic-microvm echo --socket PATH [--endpoint N] [--count N] [--ring-size N]\n",
+    "                          [--timeout-secs N]",
+);
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("detect") if args.len() == 1 => cmd_detect(),
+        Some("bypass") => parse(&args[1..], true).and_then(|cfg| cmd_bypass(&cfg)),
+        Some("echo") => parse(&args[1..], false).and_then(|cfg| cmd_echo(&cfg)),
+        _ => Err(USAGE.to_string()),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("svnic-microvm: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn cmd_detect() -> Result<ExitCode, String> {
+    let report = detect_all().map_err(|e| format!("no usable KVM: {e}"))?;
+    println!("{report}");
+    Ok(if report.cpl3_native() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
+    })
+}
+
+fn cmd_bypass(cfg: &BypassConfig) -> Result<ExitCode, String> {
+    let report = detect().map_err(|e| format!("no usable KVM: {e}"))?;
+    println!("{report}");
+    let r = run_bypass(cfg).map_err(|e| e.to_string())?;
+    println!(
+        "bypass: {} → {}: {} of {} messages; {}",
+        r.addr,
+        cfg.peer,
+        r.result.done,
+        r.count,
+        r.result.describe()
+    );
+    println!(
+        "run: {:?}, {} user-space exit(s) ({} by signals)",
+        r.run.elapsed, r.run.user_exits, r.run.interrupted
+    );
+    match &r.stats {
+        Some(s) => println!("KVM exit counters over the run: {:?}", s.exits()),
+        None => println!("KVM exit counters: no binary statistics on this kernel"),
+    }
+    if let Some(w) = &r.steady {
+        println!(
+            "KVM exit counters over {} messages in the steady state (replies {}..{}): {:?}",
+            w.messages(),
+            w.from,
+            w.to,
+            w.stats.exits()
+        );
+    }
+    Ok(if r.ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Answers `cfg.count` messages on a channel at `cfg.endpoint` of the guest at `cfg.socket`
+/// (`cfg.timeout`: longest silence, and the create's wait).
+fn cmd_echo(cfg: &BypassConfig) -> Result<ExitCode, String> {
+    let e = |e: MicroVmError| e.to_string();
+    let guest = HostGuest::connect(&cfg.socket, cfg.memory_size).map_err(|e| e.to_string())?;
+    let mut ch = guest
+        .create_channel(cfg.endpoint, cfg.ring_size, cfg.timeout)
+        .map_err(|e| e.to_string())?;
+    eprintln!("svnic-microvm echo: ready at {}", ch.addr());
+    peer::echo(&guest, &mut ch, cfg.count, cfg.timeout, |_, _| {}).map_err(e)?;
+    println!("echoed {} messages", cfg.count);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The options of `bypass` (`needs_peer`) and `echo`.
+fn parse(args: &[String], needs_peer: bool) -> Result<BypassConfig, String> {
+    let mut cfg = BypassConfig {
+        socket: Default::default(),
+        memory_size: 64 << 20,
+        endpoint: 1,
+        ring_size: svnic_channels::layout::DEFAULT_RING_SIZE,
+        peer: ChannelAddr {
+            mac: MacAddr([0; 6]),
+            endpoint: 0,
+        },
+        count: 1000,
+        seed: 0x5eed_0000_0000,
+        payload: Payload::UserData,
+        timeout: Duration::from_secs(10),
+    };
+    let (mut socket, mut peer) = (false, false);
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let value = it
+            .next()
+            .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
+        let num = || {
+            value
+                .parse::<u64>()
+                .map_err(|e| format!("{flag} {value}: {e}"))
+        };
+        match flag.as_str() {
+            "--socket" => {
+                cfg.socket = value.into();
+                socket = true;
+            }
+            "--peer" => {
+                let (mac, ep) = value
+                    .split_once('/')
+                    .ok_or_else(|| format!("--peer {value}: expected MAC/ENDPOINT"))?;
+                cfg.peer = ChannelAddr {
+                    mac: mac.parse().map_err(|e| format!("--peer {value}: {e}"))?,
+                    endpoint: ep.parse().map_err(|e| format!("--peer {value}: {e}"))?,
+                };
+                peer = true;
+            }
+            "--endpoint" => {
+                cfg.endpoint = value
+                    .parse()
+                    .map_err(|e| format!("--endpoint {value}: {e}"))?
+            }
+            "--count" => cfg.count = num()?,
+            "--dma-len" => {
+                cfg.payload = Payload::DmaData {
+                    len: value
+                        .parse()
+                        .map_err(|e| format!("--dma-len {value}: {e}"))?,
+                }
+            }
+            "--ring-size" => {
+                cfg.ring_size = value
+                    .parse()
+                    .map_err(|e| format!("--ring-size {value}: {e}"))?
+            }
+            "--memory-mib" => cfg.memory_size = num()?.saturating_mul(1 << 20),
+            "--timeout-secs" => cfg.timeout = Duration::from_secs(num()?),
+            _ => return Err(format!("unknown option {flag}\n{USAGE}")),
+        }
+    }
+    if !socket || peer != needs_peer {
+        return Err(format!(
+            "bypass needs --socket and --peer, echo --socket only\n{USAGE}"
+        ));
+    }
+    Ok(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(line: &str) -> Vec<String> {
+        line.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn bypass_options_fill_the_config() {
+        let cfg = parse(
+            &args(
+                "--socket /s --peer 52:54:00:00:00:02/7 --endpoint 3 --count 5 --dma-len 4096 \
+                 --ring-size 64 --memory-mib 32 --timeout-secs 2",
+            ),
+            true,
+        )
+        .expect("valid options");
+        assert_eq!(cfg.socket, std::path::PathBuf::from("/s"));
+        assert_eq!(
+            cfg.peer,
+            ChannelAddr {
+                mac: MacAddr([0x52, 0x54, 0, 0, 0, 2]),
+                endpoint: 7
+            }
+        );
+        assert_eq!(
+            (cfg.endpoint, cfg.count, cfg.payload, cfg.ring_size),
+            (3, 5, Payload::DmaData { len: 4096 }, 64)
+        );
+        assert_eq!(
+            (cfg.memory_size, cfg.timeout),
+            (32 << 20, Duration::from_secs(2))
+        );
+    }
+
+    #[test]
+    fn wrong_options_are_refused_with_the_reason() {
+        let refused = |line: &str, peer: bool, want: &str| {
+            let e = parse(&args(line), peer).expect_err(line);
+            assert!(e.contains(want), "{line}: {e}");
+        };
+        refused("--socket /s", true, "needs --socket and --peer");
+        refused(
+            "--socket /s --peer 52:54:00:00:00:02/7",
+            false,
+            "echo --socket only",
+        );
+        refused(
+            "--socket /s --peer 52:54:00:00:00:02",
+            true,
+            "expected MAC/ENDPOINT",
+        );
+        refused("--socket /s --peer nonsense/1", true, "--peer nonsense/1");
+        refused("--socket /s --count", false, "--count needs a value");
+        refused("--socket /s --count many", false, "--count many");
+        refused("--socket /s --dma-len -1", false, "--dma-len -1");
+        refused(
+            "--socket /s --frobnicate 1",
+            false,
+            "unknown option --frobnicate",
+        );
+    }
+}

@@ -1,0 +1,250 @@
+//! KVM's binary statistics of a vCPU (`KVM_GET_STATS_FD`): named counters such as `exits`,
+//! `mmio_exits`, `io_exits`, `irq_exits` (external interrupts, e.g. host timer ticks) and
+//! `insn_emulation` (instructions the host kernel emulated).
+//!
+//! The file starts with a header (flags, name size, number of descriptors, offsets of the id,
+//! the descriptors and the data); each descriptor (flags, exponent, size, offset, bucket size,
+//! name) says where its value lies in the data block. Only single-value counters are kept.
+
+use std::fs::File;
+use std::os::fd::FromRawFd;
+use std::os::unix::fs::FileExt;
+
+use kvm_ioctls::VcpuFd;
+use vmm_sys_util::ioctl::ioctl;
+use vmm_sys_util::ioctl_io_nr;
+
+use crate::error::MicroVmError;
+
+ioctl_io_nr!(KVM_GET_STATS_FD, kvm_bindings::KVMIO, 0xce);
+
+/// Size of the header, and of a descriptor before its name.
+const HEADER_LEN: usize = 24;
+const DESC_FIXED_LEN: usize = 16;
+/// Descriptor types of a single counter or value (cumulative, instant, peak).
+const TYPE_MASK: u32 = 0xf;
+const TYPE_HISTOGRAM_MIN: u32 = 3;
+/// Bounds on what the header may claim (the kernel's are 48 bytes and a few dozen).
+const MAX_NAME: usize = 4096;
+const MAX_DESCRIPTORS: usize = 4096;
+
+/// One counter: its name and where its value lies in the file.
+#[derive(Debug, Clone)]
+struct Counter {
+    name: String,
+    offset: u64,
+}
+
+/// The statistics file of one vCPU, with its descriptors read once.
+#[derive(Debug)]
+pub struct VcpuStats {
+    file: File,
+    counters: Vec<Counter>,
+}
+
+/// The counters at one instant, by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot(pub Vec<(String, u64)>);
+
+impl Snapshot {
+    /// The value of `name`, if the kernel has that counter.
+    pub fn get(&self, name: &str) -> Option<u64> {
+        self.0.iter().find(|(n, _)| n == name).map(|&(_, v)| v)
+    }
+
+    /// `self - earlier`, counter by counter (wrapping: counters only grow).
+    pub fn since(&self, earlier: &Snapshot) -> Snapshot {
+        Snapshot(
+            self.0
+                .iter()
+                .map(|(n, v)| (n.clone(), v.wrapping_sub(earlier.get(n).unwrap_or(0))))
+                .collect(),
+        )
+    }
+
+    /// The non-zero counters.
+    pub fn nonzero(&self) -> Vec<(String, u64)> {
+        self.0.iter().filter(|(_, v)| *v != 0).cloned().collect()
+    }
+
+    /// The counters whose name ends in `exits` or is `insn_emulation`, that are non-zero.
+    pub fn exits(&self) -> Vec<(String, u64)> {
+        self.0
+            .iter()
+            .filter(|(n, v)| *v != 0 && (n.ends_with("exits") || n == "insn_emulation"))
+            .cloned()
+            .collect()
+    }
+}
+
+fn le_u32(b: &[u8], at: usize) -> u32 {
+    let mut w = [0u8; 4];
+    if let Some(s) = b.get(at..at + 4) {
+        w.copy_from_slice(s);
+    }
+    u32::from_le_bytes(w)
+}
+
+fn le_u16(b: &[u8], at: usize) -> u16 {
+    let mut w = [0u8; 2];
+    if let Some(s) = b.get(at..at + 2) {
+        w.copy_from_slice(s);
+    }
+    u16::from_le_bytes(w)
+}
+
+fn bad(what: &str) -> MicroVmError {
+    MicroVmError::Stats(std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        what.to_string(),
+    ))
+}
+
+impl VcpuStats {
+    /// Opens the statistics file of `vcpu` and reads its descriptors.
+    pub fn open(vcpu: &VcpuFd) -> Result<Self, MicroVmError> {
+        // SAFETY: KVM_GET_STATS_FD takes no argument and returns a new file descriptor (or -1);
+        // it touches no memory of this process.
+        let fd = unsafe { ioctl(vcpu, KVM_GET_STATS_FD()) };
+        if fd < 0 {
+            return Err(MicroVmError::Stats(std::io::Error::last_os_error()));
+        }
+        // SAFETY: fd is a fresh descriptor nobody else owns; the File closes it.
+        let file = unsafe { File::from_raw_fd(fd) };
+        Self::from_file(file)
+    }
+
+    /// Reads the descriptors of a statistics file in KVM's binary format.
+    pub fn from_file(file: File) -> Result<Self, MicroVmError> {
+        let mut header = [0u8; HEADER_LEN];
+        file.read_exact_at(&mut header, 0)
+            .map_err(MicroVmError::Stats)?;
+        let name_size = le_u32(&header, 4) as usize;
+        let num_desc = le_u32(&header, 8) as usize;
+        let desc_offset = u64::from(le_u32(&header, 16));
+        let data_offset = u64::from(le_u32(&header, 20));
+        let desc_len = DESC_FIXED_LEN + name_size;
+        if name_size == 0 || name_size > MAX_NAME || num_desc > MAX_DESCRIPTORS {
+            return Err(bad("implausible header"));
+        }
+        let mut descs = vec![0u8; desc_len * num_desc];
+        file.read_exact_at(&mut descs, desc_offset)
+            .map_err(MicroVmError::Stats)?;
+        let counters = descs
+            .chunks_exact(desc_len)
+            .filter(|d| {
+                let ty = le_u32(d, 0) & TYPE_MASK;
+                ty < TYPE_HISTOGRAM_MIN && le_u16(d, 6) == 1
+            })
+            .map(|d| {
+                let name = &d[DESC_FIXED_LEN..];
+                let end = name.iter().position(|&c| c == 0).unwrap_or(name.len());
+                Counter {
+                    name: String::from_utf8_lossy(&name[..end]).into_owned(),
+                    offset: data_offset + u64::from(le_u32(d, 8)),
+                }
+            })
+            .collect();
+        Ok(VcpuStats { file, counters })
+    }
+
+    /// Reads every counter now.
+    pub fn snapshot(&self) -> Result<Snapshot, MicroVmError> {
+        let mut out = Vec::with_capacity(self.counters.len());
+        for c in &self.counters {
+            let mut v = [0u8; 8];
+            self.file
+                .read_exact_at(&mut v, c.offset)
+                .map_err(MicroVmError::Stats)?;
+            out.push((c.name.clone(), u64::from_le_bytes(v)));
+        }
+        Ok(Snapshot(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A statistics file in KVM's layout: header, id, descriptors, data.
+    fn stats_file(counters: &[(&str, u32, u16, &[u64])]) -> File {
+        const NAME: usize = 48;
+        let id_offset = HEADER_LEN;
+        let desc_offset = id_offset + NAME;
+        let desc_len = DESC_FIXED_LEN + NAME;
+        let data_offset = desc_offset + desc_len * counters.len();
+        let mut header = Vec::new();
+        for w in [0, NAME, counters.len(), id_offset, desc_offset, data_offset] {
+            header.extend_from_slice(&(w as u32).to_le_bytes());
+        }
+        header.extend_from_slice(&[0u8; NAME]);
+        let mut data = Vec::new();
+        for &(name, flags, size, values) in counters {
+            header.extend_from_slice(&flags.to_le_bytes());
+            header.extend_from_slice(&0i16.to_le_bytes());
+            header.extend_from_slice(&size.to_le_bytes());
+            header.extend_from_slice(&(data.len() as u32).to_le_bytes());
+            header.extend_from_slice(&0u32.to_le_bytes());
+            let mut n = [0u8; NAME];
+            n[..name.len()].copy_from_slice(name.as_bytes());
+            header.extend_from_slice(&n);
+            for v in values {
+                data.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        let mut f = tempfile();
+        f.write_all(&header).expect("write header");
+        f.write_all(&data).expect("write data");
+        f
+    }
+
+    fn tempfile() -> File {
+        let name = c"svnic-stats-test";
+        // SAFETY: memfd_create reads a valid C string and returns a new descriptor or -1.
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+        // SAFETY: a fresh descriptor nobody else owns.
+        unsafe { File::from_raw_fd(fd) }
+    }
+
+    #[test]
+    fn counters_are_read_by_name_and_histograms_skipped() {
+        // Types: 0 cumulative, 1 instant, 3 linear histogram (skipped).
+        let f = stats_file(&[
+            ("exits", 0, 1, &[7]),
+            ("histogram", 3, 2, &[1, 2]),
+            ("mmio_exits", 0, 1, &[3]),
+            ("halt_poll_ns", 1, 1, &[9]),
+        ]);
+        let s = VcpuStats::from_file(f).expect("parse");
+        let snap = s.snapshot().expect("read");
+        assert_eq!(
+            snap,
+            Snapshot(vec![
+                ("exits".into(), 7),
+                ("mmio_exits".into(), 3),
+                ("halt_poll_ns".into(), 9)
+            ])
+        );
+    }
+
+    #[test]
+    fn since_subtracts_by_name_and_exits_keeps_nonzero_exit_counters() {
+        let a = Snapshot(vec![("exits".into(), 10), ("mmio_exits".into(), 2)]);
+        let b = Snapshot(vec![
+            ("exits".into(), 13),
+            ("mmio_exits".into(), 2),
+            ("insn_emulation".into(), 5),
+            ("halt_wakeup".into(), 9),
+        ]);
+        let d = b.since(&a);
+        assert_eq!(d.get("exits"), Some(3));
+        assert_eq!(d.get("mmio_exits"), Some(0));
+        assert_eq!(d.get("insn_emulation"), Some(5));
+        assert_eq!(
+            d.exits(),
+            vec![("exits".to_string(), 3), ("insn_emulation".to_string(), 5)]
+        );
+    }
+}
