@@ -5,118 +5,21 @@
 
 use std::io::Read;
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use svnic_backend::admin::{query, AdminRequest, AdminResponse, GuestView, PoolView};
 use svnic_backend::config::{DaemonConfig, EngineOverrides};
 use svnic_backend::daemon::{AdminSocket, Daemon, DaemonError};
 use svnic_backend::pool::PoolError;
-use svnic_channels::{ChannelAddr, MacAddr};
+use svnic_channels::ChannelAddr;
 use svnic_client::{Channel, Completions};
 use svnic_host_frontend::HostGuest;
 use svnic_tests::daemon_fixture::{assert_numbered_user_data, recv_messages, GUEST_MEMORY};
 use svnic_tests::daemon_proc::{spawn_test_child, KillOnDrop, ScratchDir};
+use svnic_tests::pool_fixture::{pool_mac, PoolFixture, POOL_RANGE};
 use svnic_tests::wait::wait_until;
 
 const T: Duration = Duration::from_secs(10);
-
-/// The pool's range: 52:54:00:10:00:00 to 52:54:00:10:00:ff.
-const RANGE: &str = "52:54:00:10:00:00/40";
-
-fn range_mac(offset: u8) -> MacAddr {
-    MacAddr([0x52, 0x54, 0x00, 0x10, 0x00, offset])
-}
-
-/// A daemon serving one pool `ranks` of at most `max` guests, and its admin socket. One at a
-/// time in this process: a test counts the process's descriptors and threads.
-struct PoolDaemon {
-    daemon: Option<Daemon>,
-    _serial: MutexGuard<'static, ()>,
-    socket: PathBuf,
-    admin: PathBuf,
-    _dir: ScratchDir,
-}
-
-impl PoolDaemon {
-    fn start(tag: &str, max: u32) -> Self {
-        static SERIAL: Mutex<()> = Mutex::new(());
-        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        let dir = ScratchDir::new(tag).unwrap();
-        let socket = dir.path().join("ranks.sock");
-        let admin = dir.path().join("admin.sock");
-        let spec = format!(
-            "name=ranks,socket={},macs={RANGE},max={max},channels=4",
-            socket.display()
-        );
-        let overrides = EngineOverrides {
-            workers: Some(1),
-            backpressure_wait_ms: Some(50),
-            ..Default::default()
-        };
-        let cfg =
-            DaemonConfig::load_with_pools(None, &[], &[spec], &overrides, Some(admin.clone()))
-                .unwrap();
-        let daemon = Daemon::start(&cfg, AdminSocket::Serve).unwrap();
-        PoolDaemon {
-            daemon: Some(daemon),
-            _serial: serial,
-            socket,
-            admin,
-            _dir: dir,
-        }
-    }
-
-    fn daemon(&self) -> &Daemon {
-        self.daemon.as_ref().unwrap()
-    }
-
-    fn connect(&self) -> HostGuest {
-        HostGuest::connect(&self.socket, GUEST_MEMORY).unwrap()
-    }
-
-    /// `svnic ctl guests`, over the admin socket.
-    fn guests(&self) -> Vec<GuestView> {
-        match query(&self.admin, AdminRequest::Guests).unwrap() {
-            AdminResponse::Guests { guests } => guests,
-            other => panic!("{other:?}"),
-        }
-    }
-
-    /// `svnic ctl pools`, over the admin socket.
-    fn pool(&self) -> PoolView {
-        match query(&self.admin, AdminRequest::Pools).unwrap() {
-            AdminResponse::Pools { mut pools } => {
-                assert_eq!(pools.len(), 1, "{pools:?}");
-                pools.remove(0)
-            }
-            other => panic!("{other:?}"),
-        }
-    }
-
-    /// Waits until the pool has `n` live members and the switch `n` ports.
-    fn wait_members(&self, n: usize) {
-        let deadline = Instant::now() + T;
-        while (self.guests().len(), self.daemon().switch().stats().len()) != (n, n) {
-            assert!(
-                Instant::now() < deadline,
-                "still {:?} and {} ports, want {n}",
-                self.guests(),
-                self.daemon().switch().stats().len()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for PoolDaemon {
-    fn drop(&mut self) {
-        if let Some(d) = self.daemon.take() {
-            d.shutdown();
-        }
-    }
-}
 
 fn addr(g: &HostGuest, endpoint: u32) -> ChannelAddr {
     ChannelAddr {
@@ -145,11 +48,11 @@ fn effective_uid() -> u32 {
 
 #[test]
 fn two_members_get_distinct_macs_exchange_messages_and_are_listed() {
-    let d = PoolDaemon::start("pool-two", 8);
+    let d = PoolFixture::start("pool-two", 8, ",channels=4");
     let (ga, gb) = (d.connect(), d.connect());
     assert_eq!(
         (ga.mac(), gb.mac()),
-        (range_mac(0), range_mac(1)),
+        (pool_mac(0), pool_mac(1)),
         "the lowest free MACs, in order"
     );
     let mut a = ga.create_channel(7, 256, T).unwrap();
@@ -183,7 +86,7 @@ fn two_members_get_distinct_macs_exchange_messages_and_are_listed() {
         vec![
             (
                 "ranks-0",
-                vec![range_mac(0).to_string()],
+                vec![pool_mac(0).to_string()],
                 Some("ranks"),
                 me,
                 Some(effective_uid()),
@@ -192,7 +95,7 @@ fn two_members_get_distinct_macs_exchange_messages_and_are_listed() {
             ),
             (
                 "ranks-1",
-                vec![range_mac(1).to_string()],
+                vec![pool_mac(1).to_string()],
                 Some("ranks"),
                 me,
                 Some(effective_uid()),
@@ -203,7 +106,7 @@ fn two_members_get_distinct_macs_exchange_messages_and_are_listed() {
     );
     assert!(guests
         .iter()
-        .all(|g| g.socket == d.socket.display().to_string()));
+        .all(|g| g.socket == d.socket().display().to_string()));
     let pool = d.pool();
     assert_eq!(
         (pool.max, pool.live, pool.accepted, pool.refused_full),
@@ -239,11 +142,11 @@ fn spawn_member(sock: &Path) -> (KillOnDrop, String) {
 
 #[test]
 fn a_member_killed_leaves_nothing_behind_and_its_mac_is_reused() {
-    let d = PoolDaemon::start("pool-kill", 4);
+    let d = PoolFixture::start("pool-kill", 4, ",channels=4");
     let ga = d.connect();
     let mut a = ga.create_channel(1, 256, T).unwrap();
-    let (child, child_mac) = spawn_member(&d.socket);
-    assert_eq!(child_mac, range_mac(1).to_string());
+    let (child, child_mac) = spawn_member(d.socket());
+    assert_eq!(child_mac, pool_mac(1).to_string());
     let child_pid = child.0.id() as i32;
     let guests = d.guests();
     assert_eq!(guests.len(), 2, "{guests:?}");
@@ -253,7 +156,7 @@ fn a_member_killed_leaves_nothing_behind_and_its_mac_is_reused() {
     );
     // The member reaches the child's channel.
     let to_child = ChannelAddr {
-        mac: range_mac(1),
+        mac: pool_mac(1),
         endpoint: 9,
     };
     assert!(a
@@ -271,14 +174,14 @@ fn a_member_killed_leaves_nothing_behind_and_its_mac_is_reused() {
     assert_eq!(guests.len(), 1, "{guests:?}");
     assert_eq!(
         (guests[0].policy.macs.clone(), guests[0].live_channels.len()),
-        (vec![range_mac(0)], 1)
+        (vec![pool_mac(0)], 1)
     );
-    assert_eq!(control_plane.guest_by_mac(range_mac(1)), None);
+    assert_eq!(control_plane.guest_by_mac(pool_mac(1)), None);
     assert_eq!(d.pool().live, 1);
 
     // Its MAC goes to the next process, which is served like the first.
     let gc = d.connect();
-    assert_eq!(gc.mac(), range_mac(1));
+    assert_eq!(gc.mac(), pool_mac(1));
     let mut c = gc.create_channel(9, 256, T).unwrap();
     send_and_check(&mut a, &mut c, &gc, to_child, 10);
 
@@ -290,13 +193,13 @@ fn a_member_killed_leaves_nothing_behind_and_its_mac_is_reused() {
     let (fds, threads) = (fd_count(), thread_count());
     for _ in 0..5 {
         let g = d.connect();
-        assert_eq!(g.mac(), range_mac(1));
+        assert_eq!(g.mac(), pool_mac(1));
         drop(g.create_channel(3, 64, T).unwrap());
         drop(g);
         d.wait_members(1);
         // A process that connects and leaves without a word is a member for a moment too.
         let accepted = d.pool().accepted;
-        drop(UnixStream::connect(&d.socket).unwrap());
+        drop(UnixStream::connect(d.socket()).unwrap());
         wait_until(T, || d.pool().accepted == accepted + 1);
         d.wait_members(1);
     }
@@ -315,19 +218,19 @@ fn thread_count() -> usize {
 
 #[test]
 fn at_max_a_further_connection_is_closed_at_once_and_the_members_are_unharmed() {
-    let d = PoolDaemon::start("pool-full", 2);
+    let d = PoolFixture::start("pool-full", 2, ",channels=4");
     let (ga, gb) = (d.connect(), d.connect());
     let mut a = ga.create_channel(1, 256, T).unwrap();
     let mut b = gb.create_channel(2, 256, T).unwrap();
 
     // A raw connection is closed before anything is read: end of file, at once.
-    let mut raw = UnixStream::connect(&d.socket).unwrap();
+    let mut raw = UnixStream::connect(d.socket()).unwrap();
     raw.set_read_timeout(Some(T)).unwrap();
     let started = Instant::now();
     assert_eq!(raw.read(&mut [0u8; 16]).unwrap(), 0);
     assert!(started.elapsed() < Duration::from_secs(2));
     // A host-process guest gets an error, not a hang.
-    assert!(HostGuest::connect(&d.socket, GUEST_MEMORY).is_err());
+    assert!(HostGuest::connect(d.socket(), GUEST_MEMORY).is_err());
     let pool = d.pool();
     assert_eq!((pool.live, pool.refused_full), (2, 2), "{pool:?}");
     assert_eq!(d.guests().len(), 2);
@@ -339,7 +242,7 @@ fn at_max_a_further_connection_is_closed_at_once_and_the_members_are_unharmed() 
     drop(gb);
     d.wait_members(1);
     let gc = d.connect();
-    assert_eq!(gc.mac(), range_mac(1));
+    assert_eq!(gc.mac(), pool_mac(1));
     let mut c = gc.create_channel(2, 256, T).unwrap();
     send_and_check(&mut a, &mut c, &gc, addr(&gc, 2), 50);
     assert_eq!(d.pool().accepted, 3);
@@ -347,11 +250,11 @@ fn at_max_a_further_connection_is_closed_at_once_and_the_members_are_unharmed() 
 
 #[test]
 fn shutdown_releases_every_member_and_removes_the_socket() {
-    let d = PoolDaemon::start("pool-stop", 4);
+    let d = PoolFixture::start("pool-stop", 4, ",channels=4");
     let g = d.connect();
     let _ch = g.create_channel(1, 256, T).unwrap();
-    let socket = d.socket.clone();
-    let admin = d.admin.clone();
+    let socket = d.socket().to_path_buf();
+    let admin = d.admin().to_path_buf();
     drop(d);
     assert!(!socket.exists() && !admin.exists());
     // The member's connection was ended by the daemon: its requests now fail.
@@ -362,7 +265,7 @@ fn shutdown_releases_every_member_and_removes_the_socket() {
 fn a_pool_socket_that_cannot_be_bound_stops_the_start_naming_the_pool() {
     let dir = ScratchDir::new("pool-bad").unwrap();
     let spec = format!(
-        "name=ranks,socket={},macs={RANGE},max=2",
+        "name=ranks,socket={},macs={POOL_RANGE},max=2",
         dir.path().join("missing/ranks.sock").display()
     );
     let cfg = DaemonConfig::load_with_pools(

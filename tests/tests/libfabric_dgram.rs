@@ -5,67 +5,21 @@
 //! guests of the daemon (`Daemon::start`, as `svnic serve` runs it).
 #![allow(clippy::unwrap_used)]
 
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use svnic_backend::config::EngineOverrides;
 use svnic_channels::MacAddr;
 use svnic_tests::daemon_fixture::DaemonFixture;
-use svnic_tests::daemon_proc::{kill_with_parent, repo_root, KillOnDrop, ScratchDir};
+use svnic_tests::daemon_proc::ScratchDir;
+use svnic_tests::libfabric::{
+    acked_sizes, all_sizes, fi_tool, parse_pingpong, parse_size, run, run_pingpong, start_pingpong,
+    PingpongLine,
+};
 
 const MAC1: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x71, 0x01, 0x01]);
 const MAC2: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x71, 0x01, 0x02]);
 const LONG: Duration = Duration::from_secs(180);
-
-/// The directory holding libsvnic-fi.so (under the target directory), installed once per test
-/// binary by the project's script.
-fn provider_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map_or_else(|| repo_root().join("target"), PathBuf::from);
-        let dir = target.join("libfabric-provider");
-        let script = repo_root().join("scripts/install-libfabric-provider.sh");
-        let out = Command::new(&script).arg(&dir).output().unwrap();
-        assert!(
-            out.status.success(),
-            "{} failed: {}",
-            script.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(dir.join("libsvnic-fi.so").is_file());
-        dir
-    })
-}
-
-/// A libfabric tool (from libfabric-bin) with the provider path and `FI_SVNIC_SOCKET`.
-fn fi_tool(tool: &str, socket: Option<&Path>) -> Command {
-    let mut c = Command::new(tool);
-    c.env("FI_PROVIDER_PATH", provider_dir())
-        .env("FI_PROVIDER", "svnic")
-        .env("FI_SVNIC_LOG", "warn")
-        .env_remove("FI_SVNIC_ENDPOINT");
-    match socket {
-        Some(s) => c.env("FI_SVNIC_SOCKET", s),
-        None => c.env_remove("FI_SVNIC_SOCKET"),
-    };
-    c
-}
-
-fn run(mut c: Command) -> (bool, String) {
-    let out = c.output().unwrap_or_else(|e| {
-        panic!("cannot run {c:?} (scripts/setup.sh installs libfabric-bin): {e}")
-    });
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
 
 #[test]
 fn fi_info_lists_the_svnic_dgram_endpoint() {
@@ -105,81 +59,6 @@ fn fi_info_lists_the_svnic_dgram_endpoint() {
     assert!(!text.contains("svnic;svnic"), "{text}");
 }
 
-/// A TCP port nobody listens on right now (for fi_pingpong's out-of-band socket).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// True once something listens on TCP `port` (read from /proc, so no connection is used up).
-fn listening(port: u16) -> bool {
-    let needle = format!(":{port:04X} ");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f).is_ok_and(|t| {
-            t.lines().skip(1).any(|l| {
-                let cols: Vec<&str> = l.split_whitespace().collect();
-                cols.len() > 3 && format!("{} ", cols[1]).ends_with(&needle) && cols[3] == "0A"
-            })
-        })
-    })
-}
-
-/// One result line of fi_pingpong: bytes, #sent, #ack.
-#[derive(Debug, PartialEq, Eq)]
-struct PingpongLine {
-    bytes: u64,
-    sent: u64,
-    acked: u64,
-}
-
-/// fi_pingpong's size column: `64`, `1.5k`, `64k`, `1m`.
-fn parse_size(s: &str) -> Option<u64> {
-    let (num, mul) = match s.as_bytes().last()? {
-        b'k' => (&s[..s.len() - 1], 1024.0),
-        b'm' => (&s[..s.len() - 1], 1024.0 * 1024.0),
-        _ => (s, 1.0),
-    };
-    let v: f64 = num.parse().ok()?;
-    Some((v * mul).round() as u64)
-}
-
-/// The result table of fi_pingpong's output (the lines under its `bytes #sent #ack` header).
-fn parse_pingpong(text: &str) -> Vec<PingpongLine> {
-    let mut lines = text.lines().skip_while(|l| !l.starts_with("bytes"));
-    assert!(lines.next().is_some(), "no result table in:\n{text}");
-    lines
-        .filter_map(|l| {
-            let cols: Vec<&str> = l.split_whitespace().collect();
-            if cols.len() < 8 {
-                return None;
-            }
-            Some(PingpongLine {
-                bytes: parse_size(cols[0])?,
-                sent: cols[1].parse().ok()?,
-                acked: cols[2].strip_prefix('=')?.parse().ok()?,
-            })
-        })
-        .collect()
-}
-
-/// The sizes `fi_pingpong -S all` runs up to `max` (util/pingpong.c of 1.17: 0, then powers of
-/// two and 1.5 times each from 1).
-fn all_sizes(max: u64) -> Vec<u64> {
-    let mut v = vec![0];
-    let mut p = 1u64;
-    while p <= max {
-        v.push(p);
-        if p >= 2 && p + p / 2 <= max {
-            v.push(p + p / 2);
-        }
-        p *= 2;
-    }
-    v
-}
-
 #[test]
 fn size_and_table_parsing() {
     assert_eq!(parse_size("1.5k"), Some(1536));
@@ -203,37 +82,6 @@ fn size_and_table_parsing() {
     );
 }
 
-/// A fi_pingpong server with `args` on guest 1 of `d`, and once it listens its client on
-/// guest 2 (each process's output into its log); on a fresh control port.
-fn start_pingpong(
-    d: &DaemonFixture,
-    args: &[&str],
-    server_log: &Path,
-    client_log: &Path,
-) -> (KillOnDrop, KillOnDrop) {
-    let port = free_port().to_string();
-    let spawn = |guest: u8, extra: &[&str], log: &Path| {
-        let out = std::fs::File::create(log).unwrap();
-        let mut c = fi_tool("fi_pingpong", Some(&d.sock(guest)));
-        c.args(args)
-            .args(extra)
-            .stdin(Stdio::null())
-            .stderr(out.try_clone().unwrap())
-            .stdout(out);
-        kill_with_parent(&mut c);
-        KillOnDrop(c.spawn().unwrap())
-    };
-    let mut server = spawn(1, &["-B", &port], server_log);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !listening(port.parse().unwrap()) {
-        assert!(Instant::now() < deadline, "the server never listened");
-        assert!(server.0.try_wait().unwrap().is_none(), "the server exited");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let client = spawn(2, &["-P", &port, "127.0.0.1"], client_log);
-    (server, client)
-}
-
 #[test]
 fn fi_pingpong_survivor_of_a_killed_peer_gets_an_error_not_a_hang() {
     let d = DaemonFixture::start(
@@ -249,7 +97,8 @@ fn fi_pingpong_survivor_of_a_killed_peer_gets_an_error_not_a_hang() {
     // 16 B goes by fi_inject, which has no completion: only the provider's probe of the peer can
     // end the server's wait for the next message.
     let args = ["-p", "svnic", "-e", "dgram", "-S", "16", "-I", "100000000"];
-    let (mut server, mut client) = start_pingpong(&d, &args, &server_log, &client_log);
+    let (mut server, mut client) =
+        start_pingpong((&d.sock(1), &d.sock(2)), &args, &server_log, &client_log);
     std::thread::sleep(Duration::from_secs(2));
     assert!(
         client.0.try_wait().unwrap().is_none(),
@@ -283,37 +132,18 @@ fn fi_pingpong_dgram_between_two_guests_every_size_to_64k_verified() {
         "-p", "svnic", "-e", "dgram", "-S", "all", "-c", "-I", iterations,
     ];
 
-    let (server_log, client_log) = (
-        scratch.path().join("server.log"),
-        scratch.path().join("client.log"),
-    );
-    let (mut server, mut client) = start_pingpong(&d, &common, &server_log, &client_log);
-
-    let deadline = Instant::now() + LONG;
-    let client_status = client.wait_until(deadline).unwrap();
-    let server_status = server.wait_until(deadline).unwrap();
-    let client_out = std::fs::read_to_string(&client_log).unwrap();
-    let server_out = std::fs::read_to_string(&server_log).unwrap();
-    assert!(
-        client_status.is_some_and(|s| s.success()),
-        "client: {client_status:?}\n{client_out}"
-    );
-    assert!(
-        server_status.is_some_and(|s| s.success()),
-        "server: {server_status:?}\n{server_out}"
-    );
+    let outputs = run_pingpong((&d.sock(1), &d.sock(2)), &common, scratch.path(), LONG);
 
     // Both sides ran every size of `-S all` up to max_msg_size (64 KiB), each with every
     // iteration sent and acknowledged (fi_pingpong checks each payload with -c and exits
     // non-zero on a mismatch).
     let n: u64 = iterations.parse().unwrap();
-    for (who, out) in [("client", &client_out), ("server", &server_out)] {
-        let table = parse_pingpong(out);
-        let sizes: Vec<u64> = table.iter().map(|l| l.bytes).collect();
-        assert_eq!(sizes, all_sizes(64 << 10), "{who}:\n{out}");
-        for l in &table {
-            assert_eq!((l.sent, l.acked), (n, n), "{who}: {l:?}\n{out}");
-        }
+    for (who, out) in &outputs {
+        assert_eq!(
+            acked_sizes(who, out, n),
+            all_sizes(64 << 10),
+            "{who}:\n{out}"
+        );
     }
 }
 
