@@ -34,7 +34,7 @@ use crate::attach::{DomainInner, CONTROL_TIMEOUT};
 use crate::av::{AvInner, SvnicAv};
 use crate::cq::{CqEntry, CqInner, ErrInfo, SvnicCq};
 use crate::eq::SvnicEq;
-use crate::errors::{self, PROV_CANCELED, PROV_CHANNEL_FAILED, PROV_TRUNCATED};
+use crate::errors::{self, Delivery, PROV_CANCELED, PROV_CHANNEL_FAILED, PROV_TRUNCATED};
 use crate::ffi::endpoint::atomic::FiOpsAtomic;
 use crate::ffi::endpoint::cm::FiOpsCm;
 use crate::ffi::endpoint::collective::FiOpsCollective;
@@ -152,6 +152,8 @@ struct EpState {
     /// When something last arrived (or a receive was posted, or peers were probed).
     last_rx: Instant,
     peer_timeout: Option<Duration>,
+    /// Who reads the send completions: what a failed send reports.
+    delivery: Delivery,
 }
 
 /// The endpoint state, shared with the CQs it is bound to.
@@ -232,11 +234,14 @@ pub(crate) fn open(
         return -FI_EINVAL;
     }
     // SAFETY: NULL or the application's attributes.
-    if let Some(e) = unsafe { info.ep_attr.as_ref() } {
-        if e.type_ != FI_EP_UNSPEC && e.type_ != FI_EP_DGRAM {
-            return -FI_EINVAL;
-        }
+    let ep_attr = unsafe { info.ep_attr.as_ref() };
+    if ep_attr.is_some_and(|e| e.type_ != FI_EP_UNSPEC && e.type_ != FI_EP_DGRAM) {
+        return -FI_EINVAL;
     }
+    let delivery = match ep_attr.map(|e| e.protocol) {
+        Some(crate::info::PROTOCOL_LAYERED) => Delivery::UnderReliableLayer,
+        _ => Delivery::Direct,
+    };
     // SAFETY: NULL or the application's attributes.
     let tx_op_flags = unsafe { info.tx_attr.as_ref() }.map_or(0, |t| t.op_flags);
     // SAFETY: NULL or the application's attributes.
@@ -288,7 +293,11 @@ pub(crate) fn open(
         dropped: 0,
         peers: HashMap::new(),
         last_rx: Instant::now(),
-        peer_timeout: (cfg.peer_timeout_ms > 0).then(|| Duration::from_millis(cfg.peer_timeout_ms)),
+        // Under a reliable layer, peer liveness is the layer's business (it gives a peer up
+        // itself): no probes, and no posted receive is failed for a peer.
+        peer_timeout: (cfg.peer_timeout_ms > 0 && delivery == Delivery::Direct)
+            .then(|| Duration::from_millis(cfg.peer_timeout_ms)),
+        delivery,
     };
     let ep = Box::new(SvnicEp {
         c: FidEp {
@@ -816,11 +825,15 @@ impl EpState {
             CompletionStatus::NoBuffer | CompletionStatus::RingFull if p.retries < MAX_RETRIES => {
                 SendOutcome::Retry
             }
-            status => SendOutcome::Done(errors::send_error(status).map(|err| ErrInfo {
-                err,
-                prov_errno: c_int::from(status.code()),
-                olen: 0,
-            })),
+            status => {
+                SendOutcome::Done(
+                    errors::send_outcome(status, self.delivery).map(|err| ErrInfo {
+                        err,
+                        prov_errno: c_int::from(status.code()),
+                        olen: 0,
+                    }),
+                )
+            }
         };
         match outcome {
             SendOutcome::Retry => {
@@ -970,6 +983,34 @@ unsafe fn ep<'a>(e: *mut FidEp) -> Option<&'a SvnicEp> {
 
 const EINVAL: isize = -(FI_EINVAL as isize);
 
+/// How long closing an endpoint waits for the engine to take the messages still in its TX ring.
+const CLOSE_LINGER: Duration = Duration::from_secs(1);
+
+/// Waits (at most [`CLOSE_LINGER`]) until the engine has taken every message of the TX ring:
+/// a message the application handed over is sent even when the endpoint closes right after
+/// (say, the last acknowledgement of a reliable layer), as a datagram socket's would be.
+fn linger(ch: &mut Channel) {
+    let ring = ch.layout().ring_size;
+    if ch.flush().is_err() {
+        return;
+    }
+    let deadline = Instant::now() + CLOSE_LINGER;
+    loop {
+        match ch.tx_free() {
+            Ok(free) if free < ring => {}
+            _ => return,
+        }
+        if Instant::now() >= deadline {
+            log::warn!(
+                "svnic provider: closing endpoint {} with messages the engine has not taken",
+                ch.addr()
+            );
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}
+
 unsafe extern "C" fn ep_close(fid: *mut Fid) -> c_int {
     guard("ep close", || {
         // SAFETY: the application's fid, recognised before use.
@@ -981,7 +1022,8 @@ unsafe extern "C" fn ep_close(fid: *mut Fid) -> c_int {
             s.enabled = false;
             s.channel.take()
         };
-        if let Some(ch) = channel {
+        if let Some(mut ch) = channel {
+            linger(&mut ch);
             if let Err(err) = e.inner.domain.guest.destroy_channel(ch, CONTROL_TIMEOUT) {
                 log::warn!("svnic provider: destroying the endpoint's channel: {err}");
             }

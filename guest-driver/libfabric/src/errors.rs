@@ -32,6 +32,31 @@ pub fn send_error(status: CompletionStatus) -> Option<c_int> {
     }
 }
 
+/// Who reads an endpoint's send completions, which decides what a failed send reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    /// The application: every failure is an error completion ([`send_error`]).
+    Direct,
+    /// A reliable utility provider layered on the DGRAM core (ofi_rxd): a send the network lost
+    /// is its business (it retransmits, and gives a peer up on its own), and an error completion
+    /// would stall its queue to that peer. Sends that failed for the peer's or the path's sake
+    /// complete as successful, dropped datagrams; the provider's own faults are still errors.
+    UnderReliableLayer,
+}
+
+/// What a send that completed with `status` reports to `delivery`'s reader: `None` for success
+/// (or a datagram dropped on the way, under a reliable layer), else the errno.
+pub fn send_outcome(status: CompletionStatus, delivery: Delivery) -> Option<c_int> {
+    use CompletionStatus::*;
+    match (delivery, status) {
+        (
+            Delivery::UnderReliableLayer,
+            NoRoute | DestinationGone | NoBuffer | RingFull | DestinationFaulted | UplinkError,
+        ) => None,
+        _ => send_error(status),
+    }
+}
+
 /// The string of a `prov_errno` (a svnic completion status or one of the `PROV_*` codes).
 pub fn prov_strerror(prov_errno: c_int) -> &'static CStr {
     match prov_errno {
@@ -67,5 +92,24 @@ mod tests {
         }
         assert_eq!(send_error(CompletionStatus::NoRoute), Some(FI_EHOSTUNREACH));
         assert!(prov_strerror(-5).to_str().unwrap().contains("unknown"));
+    }
+
+    #[test]
+    fn under_a_reliable_layer_only_the_providers_own_faults_are_errors() {
+        for &s in CompletionStatus::ALL {
+            assert_eq!(send_outcome(s, Delivery::Direct), send_error(s), "{s:?}");
+            let own_fault = matches!(
+                s,
+                CompletionStatus::AddressOutOfRange
+                    | CompletionStatus::BadMessage
+                    | CompletionStatus::BadPostBuffer
+                    | CompletionStatus::BufferTooSmall
+            );
+            assert_eq!(
+                send_outcome(s, Delivery::UnderReliableLayer).is_some(),
+                own_fault,
+                "{s:?}"
+            );
+        }
     }
 }

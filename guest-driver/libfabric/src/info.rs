@@ -20,6 +20,13 @@ pub const CAPS: u64 =
     caps::FI_MSG | caps::FI_SEND | caps::FI_RECV | caps::FI_LOCAL_COMM | caps::FI_REMOTE_COMM;
 /// `ep_attr->protocol`: provider specific, svnic channels.
 pub const PROTOCOL: u32 = FI_PROV_SPECIFIC | 1;
+/// `ep_attr->protocol` of the entries given to a utility provider that layers on the DGRAM core
+/// (ofi_rxd): the same channels, with send failures completed as dropped datagrams
+/// ([`crate::errors::Delivery::UnderReliableLayer`]).
+pub const PROTOCOL_LAYERED: u32 = FI_PROV_SPECIFIC | 2;
+/// The `fi_getinfo` flag with which libfabric 1.17's utility providers ask for core providers
+/// (`OFI_CORE_PROV_ONLY`, include/ofi.h; libfabric-internal, hence pinned to 1.17 here).
+pub const OFI_CORE_PROV_ONLY: u64 = 1 << 59;
 /// `ep_attr->protocol_version`: the channel ABI version.
 pub const PROTOCOL_VERSION: u32 = 2;
 /// Largest payload sent inline (one user-data message): `tx_attr->inject_size`.
@@ -74,7 +81,7 @@ pub unsafe fn getinfo(
     version: u32,
     node: *const c_char,
     service: *const c_char,
-    _flags: u64,
+    flags: u64,
     hints: Option<&FiInfo>,
 ) -> Result<*mut FiInfo, c_int> {
     if version > API_VERSION {
@@ -85,6 +92,9 @@ pub unsafe fn getinfo(
     }
     let cfg = Config::from_env();
     let mut out = Defaults::new(&cfg);
+    if flags & OFI_CORE_PROV_ONLY != 0 {
+        out.protocol = PROTOCOL_LAYERED;
+    }
     if let Some(h) = hints {
         // SAFETY: the caller guarantees the hints' pointers.
         if let Err(why) = unsafe { out.apply_hints(h) } {
@@ -97,6 +107,8 @@ pub unsafe fn getinfo(
 /// The attributes of the one entry, tailored to the hints before it is allocated.
 struct Defaults {
     caps: u64,
+    /// [`PROTOCOL`], or [`PROTOCOL_LAYERED`] for a utility provider.
+    protocol: u32,
     max_msg_size: usize,
     av_type: c_int,
     threading: c_int,
@@ -145,6 +157,7 @@ impl Defaults {
     fn new(cfg: &Config) -> Defaults {
         Defaults {
             caps: CAPS,
+            protocol: PROTOCOL,
             max_msg_size: cfg.max_msg_size,
             av_type: FI_AV_UNSPEC,
             threading: FI_THREAD_SAFE,
@@ -213,8 +226,10 @@ impl Defaults {
             if e.max_msg_size > self.max_msg_size {
                 return Err("max_msg_size above FI_SVNIC_MAX_MSG_SIZE");
             }
-            if e.protocol != 0 && e.protocol != PROTOCOL {
-                return Err("another protocol");
+            match e.protocol {
+                0 => {}
+                PROTOCOL | PROTOCOL_LAYERED => self.protocol = e.protocol,
+                _ => return Err("another protocol"),
             }
         }
         // SAFETY: NULL or valid, per the caller.
@@ -305,7 +320,7 @@ impl Defaults {
         // SAFETY: fresh zeroed allocation.
         let ep = unsafe { &mut *ep };
         ep.type_ = FI_EP_DGRAM;
-        ep.protocol = PROTOCOL;
+        ep.protocol = self.protocol;
         ep.protocol_version = PROTOCOL_VERSION;
         ep.max_msg_size = self.max_msg_size;
         ep.tx_ctx_cnt = 1;
