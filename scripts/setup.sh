@@ -20,6 +20,11 @@ type -P kill >/dev/null 2>&1 || need_apt+=(procps)
     need_apt+=(libfabric1)
 [ -e /usr/include/rdma/fabric.h ] || need_apt+=(libfabric-dev)
 command -v fi_pingpong >/dev/null 2>&1 || need_apt+=(libfabric-bin)
+# Open MPI 4.1 (its OFI MTL runs over the provider), mpicc for the collectives test program, and
+# NetPIPE built for Open MPI (tests/tests/libfabric_mpi.rs).
+command -v mpirun >/dev/null 2>&1 || need_apt+=(openmpi-bin)
+command -v mpicc >/dev/null 2>&1 || need_apt+=(libopenmpi-dev)
+command -v NPopenmpi >/dev/null 2>&1 || need_apt+=(netpipe-openmpi)
 if ((${#need_apt[@]})); then
     if [ "$(id -u)" = 0 ]; then
         apt-get update -qq
