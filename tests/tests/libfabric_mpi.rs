@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use svnic_tests::daemon_proc::ScratchDir;
-use svnic_tests::libfabric::{acked_sizes, all_sizes, fi_tool, run, run_pingpong};
+use svnic_tests::libfabric::{acked_sizes, fi_tool, run, run_pingpong};
 use svnic_tests::pool_fixture::PoolFixture;
 
 const LONG: Duration = Duration::from_secs(180);
