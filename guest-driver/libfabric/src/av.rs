@@ -10,7 +10,7 @@ use crate::addr::{self, ADDR_LEN};
 use crate::ffi::domain::*;
 use crate::ffi::errno::*;
 use crate::ffi::*;
-use crate::{free_object, guard, object, put, FidObject};
+use crate::{close_object, guard, hand_out, object, put, FidObject};
 
 /// The table, shared with the endpoints bound to it.
 #[derive(Debug, Default)]
@@ -56,12 +56,13 @@ pub struct SvnicAv {
     inner: Arc<AvInner>,
 }
 
-// SAFETY: repr(C), FidAv (which begins with struct fid) first, AV_FI_OPS is its own.
-unsafe impl FidObject for SvnicAv {
-    const CLASS: usize = FI_CLASS_AV;
-    fn fi_ops() -> *const FiOps {
-        &AV_FI_OPS
-    }
+// Bound endpoints keep the table when the AV is closed.
+fid_object! {
+    SvnicAv: FidAv, FI_CLASS_AV,
+    static AV_FI_OPS = FiOps {
+        close: Some(close_object::<SvnicAv>),
+        ..FiOps::ENOSYS
+    };
 }
 
 impl SvnicAv {
@@ -70,11 +71,6 @@ impl SvnicAv {
         &self.inner
     }
 }
-
-static AV_FI_OPS: FiOps = FiOps {
-    close: Some(av_close),
-    ..FiOps::ENOSYS
-};
 
 static AV_OPS: FiOpsAv = FiOpsAv {
     insert: Some(av_insert),
@@ -106,19 +102,15 @@ pub(crate) fn open(
     if attr.flags != 0 {
         return -FI_EBADFLAGS;
     }
-    let av = Box::new(SvnicAv {
+    let av = SvnicAv {
         c: FidAv {
-            fid: Fid {
-                fclass: FI_CLASS_AV,
-                context,
-                ops: &AV_FI_OPS,
-            },
+            fid: SvnicAv::fid(context),
             ops: &AV_OPS,
         },
         inner: Arc::default(),
-    });
+    };
     // SAFETY: checked non-NULL.
-    unsafe { put(out, Box::into_raw(av).cast::<FidAv>()) };
+    unsafe { hand_out(out, av) };
     0
 }
 
@@ -129,18 +121,6 @@ pub(crate) fn open(
 unsafe fn av<'a>(a: *mut FidAv) -> Option<&'a SvnicAv> {
     // SAFETY: a fid_av begins with its fid.
     unsafe { object::<SvnicAv>(a.cast()) }
-}
-
-unsafe extern "C" fn av_close(fid: *mut Fid) -> c_int {
-    guard("av close", || {
-        // SAFETY: the application's fid, recognised before use.
-        if unsafe { object::<SvnicAv>(fid) }.is_none() {
-            return -FI_EINVAL;
-        }
-        // SAFETY: recognised, from Box::into_raw, closed once (bound endpoints keep the table).
-        unsafe { free_object::<SvnicAv>(fid) };
-        0
-    })
 }
 
 /// `fi_av_insert`: `count` addresses of 16 bytes end to end. Returns how many were inserted;

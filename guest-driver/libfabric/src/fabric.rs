@@ -11,7 +11,7 @@ use crate::ffi::eq::{FiEqAttr, FidEq};
 use crate::ffi::errno::*;
 use crate::ffi::*;
 use crate::info::FABRIC_NAME;
-use crate::{free_object, guard, object, put, FidObject};
+use crate::{close_object, guard, hand_out, object, FidObject};
 
 /// A fabric: nothing but its fid (every domain connects on its own).
 #[repr(C)]
@@ -20,18 +20,13 @@ pub struct SvnicFabric {
     c: FidFabric,
 }
 
-// SAFETY: repr(C), FidFabric (which begins with struct fid) first, FABRIC_FI_OPS is its own.
-unsafe impl FidObject for SvnicFabric {
-    const CLASS: usize = FI_CLASS_FABRIC;
-    fn fi_ops() -> *const FiOps {
-        &FABRIC_FI_OPS
-    }
+fid_object! {
+    SvnicFabric: FidFabric, FI_CLASS_FABRIC,
+    static FABRIC_FI_OPS = FiOps {
+        close: Some(close_object::<SvnicFabric>),
+        ..FiOps::ENOSYS
+    };
 }
-
-static FABRIC_FI_OPS: FiOps = FiOps {
-    close: Some(fabric_close),
-    ..FiOps::ENOSYS
-};
 
 static FABRIC_OPS: FiOpsFabric = FiOpsFabric {
     domain: Some(fabric_domain),
@@ -66,31 +61,15 @@ pub(crate) unsafe extern "C" fn svnic_fabric(
         if unsafe { CStr::from_ptr(attr.name) } != FABRIC_NAME {
             return -FI_EINVAL;
         }
-        let f = Box::new(SvnicFabric {
+        let f = SvnicFabric {
             c: FidFabric {
-                fid: Fid {
-                    fclass: FI_CLASS_FABRIC,
-                    context,
-                    ops: &FABRIC_FI_OPS,
-                },
+                fid: SvnicFabric::fid(context),
                 ops: &FABRIC_OPS,
                 api_version: attr.api_version,
             },
-        });
+        };
         // SAFETY: checked non-NULL.
-        unsafe { put(fabric, Box::into_raw(f).cast::<FidFabric>()) };
-        0
-    })
-}
-
-unsafe extern "C" fn fabric_close(fid: *mut Fid) -> c_int {
-    guard("fabric close", || {
-        // SAFETY: libfabric passes the fid it got from us (or garbage, refused by object()).
-        if unsafe { object::<SvnicFabric>(fid) }.is_none() {
-            return -FI_EINVAL;
-        }
-        // SAFETY: recognised, from Box::into_raw, closed once.
-        unsafe { free_object::<SvnicFabric>(fid) };
+        unsafe { hand_out(fabric, f) };
         0
     })
 }
