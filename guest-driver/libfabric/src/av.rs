@@ -10,7 +10,7 @@ use crate::addr::{self, ADDR_LEN};
 use crate::ffi::domain::*;
 use crate::ffi::errno::*;
 use crate::ffi::*;
-use crate::{close_object, guard, hand_out, object, put, FidObject};
+use crate::{close_object, guard, hand_out, object_of, put, FidObject};
 
 /// The table, shared with the endpoints bound to it.
 #[derive(Debug, Default)]
@@ -114,15 +114,6 @@ pub(crate) fn open(
     0
 }
 
-/// The AV behind a `struct fid_av *`.
-///
-/// # Safety
-/// As [`object`].
-unsafe fn av<'a>(a: *mut FidAv) -> Option<&'a SvnicAv> {
-    // SAFETY: a fid_av begins with its fid.
-    unsafe { object::<SvnicAv>(a.cast()) }
-}
-
 /// `fi_av_insert`: `count` addresses of 16 bytes end to end. Returns how many were inserted;
 /// a bad address gets `FI_ADDR_NOTAVAIL`, and if none of a non-empty batch is an address the
 /// result is `-FI_EINVAL`. Asynchronous insertion (flags, context) is not offered.
@@ -136,7 +127,7 @@ unsafe extern "C" fn av_insert(
 ) -> c_int {
     guard("fi_av_insert", || {
         // SAFETY: recognised before use.
-        let Some(av) = (unsafe { av(a) }) else {
+        let Some(av) = (unsafe { object_of::<SvnicAv>(a) }) else {
             return -FI_EINVAL;
         };
         if flags != 0 {
@@ -180,7 +171,7 @@ unsafe extern "C" fn av_remove(
 ) -> c_int {
     guard("fi_av_remove", || {
         // SAFETY: recognised before use.
-        let Some(av) = (unsafe { av(a) }) else {
+        let Some(av) = (unsafe { object_of::<SvnicAv>(a) }) else {
             return -FI_EINVAL;
         };
         if flags != 0 {
@@ -213,7 +204,7 @@ unsafe extern "C" fn av_lookup(
 ) -> c_int {
     guard("fi_av_lookup", || {
         // SAFETY: recognised before use.
-        let Some(av) = (unsafe { av(a) }) else {
+        let Some(av) = (unsafe { object_of::<SvnicAv>(a) }) else {
             return -FI_EINVAL;
         };
         if addrlen.is_null() {
@@ -247,7 +238,7 @@ unsafe extern "C" fn av_straddr(
 ) -> *const c_char {
     guard("fi_av_straddr", || {
         // SAFETY: recognised before use.
-        if unsafe { av(a) }.is_none() || address.is_null() || len.is_null() {
+        if unsafe { object_of::<SvnicAv>(a) }.is_none() || address.is_null() || len.is_null() {
             return std::ptr::null();
         }
         // SAFETY: an address of the provider's length, per fi_av_straddr's contract.

@@ -13,7 +13,7 @@ use crate::ffi::eq::*;
 use crate::ffi::errno::*;
 use crate::ffi::*;
 use crate::wait::{FdWait, Progress};
-use crate::{close_object, eq, guard, hand_out, object, put, FidObject};
+use crate::{close_object, eq, guard, hand_out, object, object_of, put, FidObject};
 
 /// What failed, for an error entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -458,15 +458,6 @@ pub(crate) fn open(
     0
 }
 
-/// The queue behind a `struct fid_cq *`.
-///
-/// # Safety
-/// As [`object`].
-unsafe fn cq<'a>(c: *mut FidCq) -> Option<&'a SvnicCq> {
-    // SAFETY: a fid_cq begins with its fid.
-    unsafe { object::<SvnicCq>(c.cast()) }
-}
-
 unsafe extern "C" fn cq_control(fid: *mut Fid, command: c_int, arg: *mut c_void) -> c_int {
     guard("cq control", || {
         // SAFETY: the application's fid, recognised before use.
@@ -507,7 +498,7 @@ unsafe extern "C" fn cq_readfrom(
 ) -> isize {
     guard("fi_cq_read", || {
         // SAFETY: recognised before use.
-        let Some(cq) = (unsafe { cq(c) }) else {
+        let Some(cq) = (unsafe { object_of::<SvnicCq>(c) }) else {
             return -(FI_EINVAL as isize);
         };
         // SAFETY: the application's buffers, per fi_cq_read's contract.
@@ -518,7 +509,7 @@ unsafe extern "C" fn cq_readfrom(
 unsafe extern "C" fn cq_readerr(c: *mut FidCq, buf: *mut FiCqErrEntry, flags: u64) -> isize {
     guard("fi_cq_readerr", || {
         // SAFETY: recognised before use.
-        let Some(cq) = (unsafe { cq(c) }) else {
+        let Some(cq) = (unsafe { object_of::<SvnicCq>(c) }) else {
             return -(FI_EINVAL as isize);
         };
         if flags != 0 {
@@ -553,7 +544,7 @@ unsafe extern "C" fn cq_sreadfrom(
 ) -> isize {
     guard("fi_cq_sread", || {
         // SAFETY: recognised before use.
-        let Some(cq) = (unsafe { cq(c) }) else {
+        let Some(cq) = (unsafe { object_of::<SvnicCq>(c) }) else {
             return -(FI_EINVAL as isize);
         };
         if cq.inner.wait_obj == FI_WAIT_NONE {

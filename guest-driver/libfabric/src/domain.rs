@@ -15,7 +15,7 @@ use crate::ffi::errno::*;
 use crate::ffi::*;
 use crate::info::FABRIC_NAME;
 use crate::{av, cq, ep};
-use crate::{close_object, guard, hand_out, object, FidObject};
+use crate::{close_object, guard, hand_out, object_of, FidObject};
 
 /// A domain.
 #[repr(C)]
@@ -88,15 +88,6 @@ pub(crate) unsafe fn open(
     0
 }
 
-/// The domain behind a `struct fid_domain *`.
-///
-/// # Safety
-/// As [`object`].
-pub(crate) unsafe fn domain<'a>(d: *mut FidDomain) -> Option<&'a SvnicDomain> {
-    // SAFETY: a fid_domain begins with its fid.
-    unsafe { object::<SvnicDomain>(d.cast()) }
-}
-
 unsafe extern "C" fn domain_av_open(
     d: *mut FidDomain,
     attr: *mut FiAvAttr,
@@ -105,7 +96,7 @@ unsafe extern "C" fn domain_av_open(
 ) -> c_int {
     guard("fi_av_open", || {
         // SAFETY: recognised before use.
-        let Some(_dom) = (unsafe { domain(d) }) else {
+        let Some(_dom) = (unsafe { object_of::<SvnicDomain>(d) }) else {
             return -FI_EINVAL;
         };
         // SAFETY: NULL or the application's attributes (written back: the chosen type).
@@ -121,7 +112,7 @@ unsafe extern "C" fn domain_cq_open(
 ) -> c_int {
     guard("fi_cq_open", || {
         // SAFETY: recognised before use.
-        let Some(dom) = (unsafe { domain(d) }) else {
+        let Some(dom) = (unsafe { object_of::<SvnicDomain>(d) }) else {
             return -FI_EINVAL;
         };
         // SAFETY: NULL or the application's attributes.
@@ -143,7 +134,7 @@ unsafe extern "C" fn domain_endpoint(
 ) -> c_int {
     guard("fi_endpoint", || {
         // SAFETY: recognised before use.
-        let Some(dom) = (unsafe { domain(d) }) else {
+        let Some(dom) = (unsafe { object_of::<SvnicDomain>(d) }) else {
             return -FI_EINVAL;
         };
         // SAFETY: NULL or the application's fi_info.

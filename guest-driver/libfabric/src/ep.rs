@@ -45,7 +45,7 @@ use crate::ffi::errno::*;
 use crate::ffi::*;
 use crate::info::{INJECT_SIZE, IOV_LIMIT, RX_SIZE, TX_SIZE};
 use crate::wait::Progress;
-use crate::{free_object, guard, hand_out, object, put, FidObject};
+use crate::{free_object, guard, hand_out, object, object_of, put, FidObject};
 
 /// Cookies of posted bounce buffers carry this bit (send cookies never do).
 const BOUNCE_TAG: u64 = 1 << 63;
@@ -963,15 +963,6 @@ impl EpState {
     }
 }
 
-/// The endpoint behind a `struct fid_ep *`.
-///
-/// # Safety
-/// As [`object`].
-unsafe fn ep<'a>(e: *mut FidEp) -> Option<&'a SvnicEp> {
-    // SAFETY: a fid_ep begins with its fid.
-    unsafe { object::<SvnicEp>(e.cast()) }
-}
-
 const EINVAL: isize = -(FI_EINVAL as isize);
 
 /// How long closing an endpoint waits for the engine to take the messages still in its TX ring.
@@ -1165,7 +1156,7 @@ unsafe extern "C" fn ep_setopt(
 unsafe extern "C" fn ep_rx_size_left(e: *mut FidEp) -> isize {
     guard("fi_rx_size_left", || {
         // SAFETY: recognised before use.
-        let Some(e) = (unsafe { ep(e) }) else {
+        let Some(e) = (unsafe { object_of::<SvnicEp>(e) }) else {
             return EINVAL;
         };
         (RX_SIZE - e.inner.lock().recvs.len().min(RX_SIZE)) as isize
@@ -1175,7 +1166,7 @@ unsafe extern "C" fn ep_rx_size_left(e: *mut FidEp) -> isize {
 unsafe extern "C" fn ep_tx_size_left(e: *mut FidEp) -> isize {
     guard("fi_tx_size_left", || {
         // SAFETY: recognised before use.
-        let Some(e) = (unsafe { ep(e) }) else {
+        let Some(e) = (unsafe { object_of::<SvnicEp>(e) }) else {
             return EINVAL;
         };
         (TX_SIZE - e.inner.lock().pending.len().min(TX_SIZE)) as isize
@@ -1189,7 +1180,7 @@ fn do_recv(
     report: Option<bool>,
 ) -> isize {
     // SAFETY: recognised before use.
-    let Some(e) = (unsafe { ep(e) }) else {
+    let Some(e) = (unsafe { object_of::<SvnicEp>(e) }) else {
         return EINVAL;
     };
     match segs {
@@ -1207,7 +1198,7 @@ fn do_send(
     inject: bool,
 ) -> isize {
     // SAFETY: recognised before use.
-    let Some(e) = (unsafe { ep(e) }) else {
+    let Some(e) = (unsafe { object_of::<SvnicEp>(e) }) else {
         return EINVAL;
     };
     // Checked before anything is copied or allocated.

@@ -8,7 +8,7 @@ use crate::errors::prov_strerror;
 use crate::ffi::eq::*;
 use crate::ffi::errno::*;
 use crate::ffi::{FiOps, FI_CLASS_EQ};
-use crate::{close_object, guard, hand_out, object, put, FidObject};
+use crate::{close_object, guard, hand_out, object_of, put, FidObject};
 
 /// An event queue.
 #[repr(C)]
@@ -57,8 +57,8 @@ pub(crate) fn open(attr: Option<&FiEqAttr>, out: *mut *mut FidEq, context: *mut 
 }
 
 fn check(eq: *mut FidEq) -> isize {
-    // SAFETY: a fid_eq begins with its fid; recognised before use.
-    if unsafe { object::<SvnicEq>(eq.cast()) }.is_none() {
+    // SAFETY: the application's EQ, recognised before use.
+    if unsafe { object_of::<SvnicEq>(eq) }.is_none() {
         -(FI_EINVAL as isize)
     } else {
         -(FI_EAGAIN as isize)

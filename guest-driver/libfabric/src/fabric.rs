@@ -11,7 +11,7 @@ use crate::ffi::eq::{FiEqAttr, FidEq};
 use crate::ffi::errno::*;
 use crate::ffi::*;
 use crate::info::FABRIC_NAME;
-use crate::{close_object, guard, hand_out, object, FidObject};
+use crate::{close_object, guard, hand_out, object, object_of, FidObject};
 
 /// A fabric: nothing but its fid (every domain connects on its own).
 #[repr(C)]
@@ -81,8 +81,8 @@ unsafe extern "C" fn fabric_domain(
     context: *mut c_void,
 ) -> c_int {
     guard("fi_domain", || {
-        // SAFETY: a fid_fabric begins with its fid.
-        let Some(f) = (unsafe { object::<SvnicFabric>(fabric.cast()) }) else {
+        // SAFETY: the application's fabric, recognised before use.
+        let Some(f) = (unsafe { object_of::<SvnicFabric>(fabric) }) else {
             return -FI_EINVAL;
         };
         // SAFETY: NULL or the application's fi_info.
@@ -113,8 +113,8 @@ unsafe extern "C" fn fabric_eq_open(
     context: *mut c_void,
 ) -> c_int {
     guard("fi_eq_open", || {
-        // SAFETY: a fid_fabric begins with its fid.
-        if unsafe { object::<SvnicFabric>(fabric.cast()) }.is_none() {
+        // SAFETY: the application's fabric, recognised before use.
+        if unsafe { object_of::<SvnicFabric>(fabric) }.is_none() {
             return -FI_EINVAL;
         }
         // SAFETY: NULL or the application's attributes.
@@ -130,8 +130,8 @@ unsafe extern "C" fn fabric_trywait(
     count: c_int,
 ) -> c_int {
     guard("fi_trywait", || {
-        // SAFETY: a fid_fabric begins with its fid.
-        if unsafe { object::<SvnicFabric>(fabric.cast()) }.is_none() {
+        // SAFETY: the application's fabric, recognised before use.
+        if unsafe { object_of::<SvnicFabric>(fabric) }.is_none() {
             return -FI_EINVAL;
         }
         let Ok(n) = usize::try_from(count) else {

@@ -223,6 +223,17 @@ pub unsafe fn object<'a, T: FidObject>(fid: *const Fid) -> Option<&'a T> {
     Some(unsafe { &*(fid as *const T) })
 }
 
+/// [`object`] for the entry points that receive an object's C struct (`struct fid_av *`, ...)
+/// instead of its fid.
+///
+/// # Safety
+/// As [`object`].
+pub unsafe fn object_of<'a, T: FidObject>(c: *mut T::C) -> Option<&'a T> {
+    // SAFETY: per the contract above; a T::C begins with its fid (FidObject's contract), and so
+    // does the C struct of any other libfabric object `c` may point to.
+    unsafe { object::<T>(c.cast()) }
+}
+
 /// Gives a new object to the application: boxes it and writes its C struct's address to `out`.
 ///
 /// # Safety
