@@ -22,7 +22,8 @@
 /// Declares `$ty` a [`FidObject`] whose first field `c` is the libfabric struct `$c`, of class
 /// `$class`, recognised by the `fi_ops` table `$fi_ops` that the use defines (so no other type
 /// can carry it). Both offsets that [`object`] relies on are checked at compile time: `c` at 0
-/// in `$ty`, `fid` at 0 in `$c`.
+/// in `$ty`, `fid` at 0 in `$c`. The rest of [`FidObject`]'s contract is the using module's
+/// promise: it gives its objects to C with [`hand_out`] only.
 macro_rules! fid_object {
     ($ty:ident: $c:ty, $class:expr, static $fi_ops:ident = $table:expr;) => {
         static $fi_ops: $crate::ffi::FiOps = $table;
@@ -30,8 +31,9 @@ macro_rules! fid_object {
         const _: () =
             assert!(::std::mem::offset_of!($ty, c) == 0 && ::std::mem::offset_of!($c, fid) == 0);
 
-        // SAFETY: the assertion above puts the struct fid at the object's address, and the
-        // table is the static defined here, named by this implementation only.
+        // SAFETY: the assertion above puts the struct fid at the object's address, the table
+        // is the static defined here, named by this implementation only, and the using module
+        // hands its objects out with hand_out (the macro's contract).
         unsafe impl $crate::FidObject for $ty {
             type C = $c;
             const CLASS: usize = $class;
