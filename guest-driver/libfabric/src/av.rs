@@ -10,7 +10,7 @@ use crate::addr::{self, ADDR_LEN};
 use crate::ffi::domain::*;
 use crate::ffi::errno::*;
 use crate::ffi::*;
-use crate::{free_object, guard, object, put, FidObject};
+use crate::{close_object, guard, hand_out, object_of, put, FidObject};
 
 /// The table, shared with the endpoints bound to it.
 #[derive(Debug, Default)]
@@ -56,12 +56,13 @@ pub struct SvnicAv {
     inner: Arc<AvInner>,
 }
 
-// SAFETY: repr(C), FidAv (which begins with struct fid) first, AV_FI_OPS is its own.
-unsafe impl FidObject for SvnicAv {
-    const CLASS: usize = FI_CLASS_AV;
-    fn fi_ops() -> *const FiOps {
-        &AV_FI_OPS
-    }
+// Bound endpoints keep the table when the AV is closed.
+fid_object! {
+    SvnicAv: FidAv, FI_CLASS_AV,
+    static AV_FI_OPS = FiOps {
+        close: Some(close_object::<SvnicAv>),
+        ..FiOps::ENOSYS
+    };
 }
 
 impl SvnicAv {
@@ -70,11 +71,6 @@ impl SvnicAv {
         &self.inner
     }
 }
-
-static AV_FI_OPS: FiOps = FiOps {
-    close: Some(av_close),
-    ..FiOps::ENOSYS
-};
 
 static AV_OPS: FiOpsAv = FiOpsAv {
     insert: Some(av_insert),
@@ -106,41 +102,16 @@ pub(crate) fn open(
     if attr.flags != 0 {
         return -FI_EBADFLAGS;
     }
-    let av = Box::new(SvnicAv {
+    let av = SvnicAv {
         c: FidAv {
-            fid: Fid {
-                fclass: FI_CLASS_AV,
-                context,
-                ops: &AV_FI_OPS,
-            },
+            fid: SvnicAv::fid(context),
             ops: &AV_OPS,
         },
         inner: Arc::default(),
-    });
+    };
     // SAFETY: checked non-NULL.
-    unsafe { put(out, Box::into_raw(av).cast::<FidAv>()) };
+    unsafe { hand_out(out, av) };
     0
-}
-
-/// The AV behind a `struct fid_av *`.
-///
-/// # Safety
-/// As [`object`].
-unsafe fn av<'a>(a: *mut FidAv) -> Option<&'a SvnicAv> {
-    // SAFETY: a fid_av begins with its fid.
-    unsafe { object::<SvnicAv>(a.cast()) }
-}
-
-unsafe extern "C" fn av_close(fid: *mut Fid) -> c_int {
-    guard("av close", || {
-        // SAFETY: the application's fid, recognised before use.
-        if unsafe { object::<SvnicAv>(fid) }.is_none() {
-            return -FI_EINVAL;
-        }
-        // SAFETY: recognised, from Box::into_raw, closed once (bound endpoints keep the table).
-        unsafe { free_object::<SvnicAv>(fid) };
-        0
-    })
 }
 
 /// `fi_av_insert`: `count` addresses of 16 bytes end to end. Returns how many were inserted;
@@ -156,7 +127,7 @@ unsafe extern "C" fn av_insert(
 ) -> c_int {
     guard("fi_av_insert", || {
         // SAFETY: recognised before use.
-        let Some(av) = (unsafe { av(a) }) else {
+        let Some(av) = (unsafe { object_of::<SvnicAv>(a) }) else {
             return -FI_EINVAL;
         };
         if flags != 0 {
@@ -200,7 +171,7 @@ unsafe extern "C" fn av_remove(
 ) -> c_int {
     guard("fi_av_remove", || {
         // SAFETY: recognised before use.
-        let Some(av) = (unsafe { av(a) }) else {
+        let Some(av) = (unsafe { object_of::<SvnicAv>(a) }) else {
             return -FI_EINVAL;
         };
         if flags != 0 {
@@ -233,7 +204,7 @@ unsafe extern "C" fn av_lookup(
 ) -> c_int {
     guard("fi_av_lookup", || {
         // SAFETY: recognised before use.
-        let Some(av) = (unsafe { av(a) }) else {
+        let Some(av) = (unsafe { object_of::<SvnicAv>(a) }) else {
             return -FI_EINVAL;
         };
         if addrlen.is_null() {
@@ -267,7 +238,7 @@ unsafe extern "C" fn av_straddr(
 ) -> *const c_char {
     guard("fi_av_straddr", || {
         // SAFETY: recognised before use.
-        if unsafe { av(a) }.is_none() || address.is_null() || len.is_null() {
+        if unsafe { object_of::<SvnicAv>(a) }.is_none() || address.is_null() || len.is_null() {
             return std::ptr::null();
         }
         // SAFETY: an address of the provider's length, per fi_av_straddr's contract.

@@ -13,7 +13,7 @@ use crate::ffi::eq::*;
 use crate::ffi::errno::*;
 use crate::ffi::*;
 use crate::wait::{FdWait, Progress};
-use crate::{eq, free_object, guard, object, put, FidObject};
+use crate::{close_object, eq, guard, hand_out, object, object_of, put, FidObject};
 
 /// What failed, for an error entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -374,12 +374,14 @@ pub struct SvnicCq {
     inner: Arc<CqInner>,
 }
 
-// SAFETY: repr(C), FidCq (which begins with struct fid) first, CQ_FI_OPS is its own.
-unsafe impl FidObject for SvnicCq {
-    const CLASS: usize = FI_CLASS_CQ;
-    fn fi_ops() -> *const FiOps {
-        &CQ_FI_OPS
-    }
+// Bound endpoints keep the queue when the CQ is closed.
+fid_object! {
+    SvnicCq: FidCq, FI_CLASS_CQ,
+    static CQ_FI_OPS = FiOps {
+        close: Some(close_object::<SvnicCq>),
+        control: Some(cq_control),
+        ..FiOps::ENOSYS
+    };
 }
 
 impl SvnicCq {
@@ -388,12 +390,6 @@ impl SvnicCq {
         &self.inner
     }
 }
-
-static CQ_FI_OPS: FiOps = FiOps {
-    close: Some(cq_close),
-    control: Some(cq_control),
-    ..FiOps::ENOSYS
-};
 
 static CQ_OPS: FiOpsCq = FiOpsCq {
     read: Some(cq_read),
@@ -444,13 +440,9 @@ pub(crate) fn open(
     } else {
         None
     };
-    let cq = Box::new(SvnicCq {
+    let cq = SvnicCq {
         c: FidCq {
-            fid: Fid {
-                fclass: FI_CLASS_CQ,
-                context,
-                ops: &CQ_FI_OPS,
-            },
+            fid: SvnicCq::fid(context),
             ops: &CQ_OPS,
         },
         inner: Arc::new(CqInner::new(
@@ -460,31 +452,10 @@ pub(crate) fn open(
             yield_after,
             fd_wait,
         )),
-    });
+    };
     // SAFETY: checked non-NULL.
-    unsafe { put(out, Box::into_raw(cq).cast::<FidCq>()) };
+    unsafe { hand_out(out, cq) };
     0
-}
-
-/// The queue behind a `struct fid_cq *`.
-///
-/// # Safety
-/// As [`object`].
-unsafe fn cq<'a>(c: *mut FidCq) -> Option<&'a SvnicCq> {
-    // SAFETY: a fid_cq begins with its fid.
-    unsafe { object::<SvnicCq>(c.cast()) }
-}
-
-unsafe extern "C" fn cq_close(fid: *mut Fid) -> c_int {
-    guard("cq close", || {
-        // SAFETY: the application's fid, recognised before use.
-        if unsafe { object::<SvnicCq>(fid) }.is_none() {
-            return -FI_EINVAL;
-        }
-        // SAFETY: recognised, from Box::into_raw, closed once (bound endpoints keep the queue).
-        unsafe { free_object::<SvnicCq>(fid) };
-        0
-    })
 }
 
 unsafe extern "C" fn cq_control(fid: *mut Fid, command: c_int, arg: *mut c_void) -> c_int {
@@ -527,7 +498,7 @@ unsafe extern "C" fn cq_readfrom(
 ) -> isize {
     guard("fi_cq_read", || {
         // SAFETY: recognised before use.
-        let Some(cq) = (unsafe { cq(c) }) else {
+        let Some(cq) = (unsafe { object_of::<SvnicCq>(c) }) else {
             return -(FI_EINVAL as isize);
         };
         // SAFETY: the application's buffers, per fi_cq_read's contract.
@@ -538,7 +509,7 @@ unsafe extern "C" fn cq_readfrom(
 unsafe extern "C" fn cq_readerr(c: *mut FidCq, buf: *mut FiCqErrEntry, flags: u64) -> isize {
     guard("fi_cq_readerr", || {
         // SAFETY: recognised before use.
-        let Some(cq) = (unsafe { cq(c) }) else {
+        let Some(cq) = (unsafe { object_of::<SvnicCq>(c) }) else {
             return -(FI_EINVAL as isize);
         };
         if flags != 0 {
@@ -573,7 +544,7 @@ unsafe extern "C" fn cq_sreadfrom(
 ) -> isize {
     guard("fi_cq_sread", || {
         // SAFETY: recognised before use.
-        let Some(cq) = (unsafe { cq(c) }) else {
+        let Some(cq) = (unsafe { object_of::<SvnicCq>(c) }) else {
             return -(FI_EINVAL as isize);
         };
         if cq.inner.wait_obj == FI_WAIT_NONE {

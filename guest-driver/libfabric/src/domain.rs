@@ -15,7 +15,7 @@ use crate::ffi::errno::*;
 use crate::ffi::*;
 use crate::info::FABRIC_NAME;
 use crate::{av, cq, ep};
-use crate::{free_object, guard, object, put, FidObject};
+use crate::{close_object, guard, hand_out, object_of, FidObject};
 
 /// A domain.
 #[repr(C)]
@@ -25,12 +25,14 @@ pub struct SvnicDomain {
     inner: Arc<DomainInner>,
 }
 
-// SAFETY: repr(C), FidDomain (which begins with struct fid) first, DOMAIN_FI_OPS is its own.
-unsafe impl FidObject for SvnicDomain {
-    const CLASS: usize = FI_CLASS_DOMAIN;
-    fn fi_ops() -> *const FiOps {
-        &DOMAIN_FI_OPS
-    }
+// Endpoints, CQs and AVs keep the shared state (and the guest connection) alive until they
+// close, so closing the domain only drops its own reference.
+fid_object! {
+    SvnicDomain: FidDomain, FI_CLASS_DOMAIN,
+    static DOMAIN_FI_OPS = FiOps {
+        close: Some(close_object::<SvnicDomain>),
+        ..FiOps::ENOSYS
+    };
 }
 
 impl SvnicDomain {
@@ -39,11 +41,6 @@ impl SvnicDomain {
         &self.inner
     }
 }
-
-static DOMAIN_FI_OPS: FiOps = FiOps {
-    close: Some(domain_close),
-    ..FiOps::ENOSYS
-};
 
 static DOMAIN_OPS: FiOpsDomain = FiOpsDomain {
     av_open: Some(domain_av_open),
@@ -78,43 +75,17 @@ pub(crate) unsafe fn open(
         Ok(i) => i,
         Err(e) => return -e,
     };
-    let d = Box::new(SvnicDomain {
+    let d = SvnicDomain {
         c: FidDomain {
-            fid: Fid {
-                fclass: FI_CLASS_DOMAIN,
-                context,
-                ops: &DOMAIN_FI_OPS,
-            },
+            fid: SvnicDomain::fid(context),
             ops: &DOMAIN_OPS,
             mr: &mr::MR_OPS,
         },
         inner: Arc::new(inner),
-    });
+    };
     // SAFETY: checked non-NULL.
-    unsafe { put(out, Box::into_raw(d).cast::<FidDomain>()) };
+    unsafe { hand_out(out, d) };
     0
-}
-
-unsafe extern "C" fn domain_close(fid: *mut Fid) -> c_int {
-    guard("domain close", || {
-        // SAFETY: the application's fid, recognised before use.
-        if unsafe { object::<SvnicDomain>(fid) }.is_none() {
-            return -FI_EINVAL;
-        }
-        // SAFETY: recognised, from Box::into_raw, closed once. Endpoints, CQs and AVs keep
-        // the shared state (and the guest connection) alive until they close.
-        unsafe { free_object::<SvnicDomain>(fid) };
-        0
-    })
-}
-
-/// The domain behind a `struct fid_domain *`.
-///
-/// # Safety
-/// As [`object`].
-pub(crate) unsafe fn domain<'a>(d: *mut FidDomain) -> Option<&'a SvnicDomain> {
-    // SAFETY: a fid_domain begins with its fid.
-    unsafe { object::<SvnicDomain>(d.cast()) }
 }
 
 unsafe extern "C" fn domain_av_open(
@@ -125,7 +96,7 @@ unsafe extern "C" fn domain_av_open(
 ) -> c_int {
     guard("fi_av_open", || {
         // SAFETY: recognised before use.
-        let Some(_dom) = (unsafe { domain(d) }) else {
+        let Some(_dom) = (unsafe { object_of::<SvnicDomain>(d) }) else {
             return -FI_EINVAL;
         };
         // SAFETY: NULL or the application's attributes (written back: the chosen type).
@@ -141,7 +112,7 @@ unsafe extern "C" fn domain_cq_open(
 ) -> c_int {
     guard("fi_cq_open", || {
         // SAFETY: recognised before use.
-        let Some(dom) = (unsafe { domain(d) }) else {
+        let Some(dom) = (unsafe { object_of::<SvnicDomain>(d) }) else {
             return -FI_EINVAL;
         };
         // SAFETY: NULL or the application's attributes.
@@ -163,7 +134,7 @@ unsafe extern "C" fn domain_endpoint(
 ) -> c_int {
     guard("fi_endpoint", || {
         // SAFETY: recognised before use.
-        let Some(dom) = (unsafe { domain(d) }) else {
+        let Some(dom) = (unsafe { object_of::<SvnicDomain>(d) }) else {
             return -FI_EINVAL;
         };
         // SAFETY: NULL or the application's fi_info.

@@ -45,7 +45,7 @@ use crate::ffi::errno::*;
 use crate::ffi::*;
 use crate::info::{INJECT_SIZE, IOV_LIMIT, RX_SIZE, TX_SIZE};
 use crate::wait::Progress;
-use crate::{free_object, guard, object, put, FidObject};
+use crate::{free_object, guard, hand_out, object, object_of, put, FidObject};
 
 /// Cookies of posted bounce buffers carry this bit (send cookies never do).
 const BOUNCE_TAG: u64 = 1 << 63;
@@ -173,20 +173,15 @@ pub struct SvnicEp {
     inner: Arc<EpInner>,
 }
 
-// SAFETY: repr(C), FidEp (which begins with struct fid) first, EP_FI_OPS is its own.
-unsafe impl FidObject for SvnicEp {
-    const CLASS: usize = FI_CLASS_EP;
-    fn fi_ops() -> *const FiOps {
-        &EP_FI_OPS
-    }
+fid_object! {
+    SvnicEp: FidEp, FI_CLASS_EP,
+    static EP_FI_OPS = FiOps {
+        close: Some(ep_close),
+        bind: Some(ep_bind),
+        control: Some(ep_control),
+        ..FiOps::ENOSYS
+    };
 }
-
-static EP_FI_OPS: FiOps = FiOps {
-    close: Some(ep_close),
-    bind: Some(ep_bind),
-    control: Some(ep_control),
-    ..FiOps::ENOSYS
-};
 
 static EP_OPS: FiOpsEp = FiOpsEp {
     cancel: Some(ep_cancel),
@@ -299,13 +294,9 @@ pub(crate) fn open(
             .then(|| Duration::from_millis(cfg.peer_timeout_ms)),
         delivery,
     };
-    let ep = Box::new(SvnicEp {
+    let ep = SvnicEp {
         c: FidEp {
-            fid: Fid {
-                fclass: FI_CLASS_EP,
-                context,
-                ops: &EP_FI_OPS,
-            },
+            fid: SvnicEp::fid(context),
             ops: &EP_OPS,
             cm: &CM_OPS,
             msg: &MSG_OPS,
@@ -320,9 +311,9 @@ pub(crate) fn open(
             max_msg: cfg.max_msg_size,
             state: Mutex::new(state),
         }),
-    });
+    };
     // SAFETY: checked non-NULL.
-    unsafe { put(out, Box::into_raw(ep).cast::<FidEp>()) };
+    unsafe { hand_out(out, ep) };
     0
 }
 
@@ -972,15 +963,6 @@ impl EpState {
     }
 }
 
-/// The endpoint behind a `struct fid_ep *`.
-///
-/// # Safety
-/// As [`object`].
-unsafe fn ep<'a>(e: *mut FidEp) -> Option<&'a SvnicEp> {
-    // SAFETY: a fid_ep begins with its fid.
-    unsafe { object::<SvnicEp>(e.cast()) }
-}
-
 const EINVAL: isize = -(FI_EINVAL as isize);
 
 /// How long closing an endpoint waits for the engine to take the messages still in its TX ring.
@@ -1028,7 +1010,7 @@ unsafe extern "C" fn ep_close(fid: *mut Fid) -> c_int {
                 log::warn!("svnic provider: destroying the endpoint's channel: {err}");
             }
         }
-        // SAFETY: recognised, from Box::into_raw, closed once.
+        // SAFETY: recognised, closed once.
         unsafe { free_object::<SvnicEp>(fid) };
         0
     })
@@ -1174,7 +1156,7 @@ unsafe extern "C" fn ep_setopt(
 unsafe extern "C" fn ep_rx_size_left(e: *mut FidEp) -> isize {
     guard("fi_rx_size_left", || {
         // SAFETY: recognised before use.
-        let Some(e) = (unsafe { ep(e) }) else {
+        let Some(e) = (unsafe { object_of::<SvnicEp>(e) }) else {
             return EINVAL;
         };
         (RX_SIZE - e.inner.lock().recvs.len().min(RX_SIZE)) as isize
@@ -1184,7 +1166,7 @@ unsafe extern "C" fn ep_rx_size_left(e: *mut FidEp) -> isize {
 unsafe extern "C" fn ep_tx_size_left(e: *mut FidEp) -> isize {
     guard("fi_tx_size_left", || {
         // SAFETY: recognised before use.
-        let Some(e) = (unsafe { ep(e) }) else {
+        let Some(e) = (unsafe { object_of::<SvnicEp>(e) }) else {
             return EINVAL;
         };
         (TX_SIZE - e.inner.lock().pending.len().min(TX_SIZE)) as isize
@@ -1198,7 +1180,7 @@ fn do_recv(
     report: Option<bool>,
 ) -> isize {
     // SAFETY: recognised before use.
-    let Some(e) = (unsafe { ep(e) }) else {
+    let Some(e) = (unsafe { object_of::<SvnicEp>(e) }) else {
         return EINVAL;
     };
     match segs {
@@ -1216,7 +1198,7 @@ fn do_send(
     inject: bool,
 ) -> isize {
     // SAFETY: recognised before use.
-    let Some(e) = (unsafe { ep(e) }) else {
+    let Some(e) = (unsafe { object_of::<SvnicEp>(e) }) else {
         return EINVAL;
     };
     // Checked before anything is copied or allocated.

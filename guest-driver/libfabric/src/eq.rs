@@ -7,8 +7,8 @@ use std::time::Duration;
 use crate::errors::prov_strerror;
 use crate::ffi::eq::*;
 use crate::ffi::errno::*;
-use crate::ffi::{FiOps, Fid, FI_CLASS_EQ};
-use crate::{free_object, guard, object, put, FidObject};
+use crate::ffi::{FiOps, FI_CLASS_EQ};
+use crate::{close_object, guard, hand_out, object_of, put, FidObject};
 
 /// An event queue.
 #[repr(C)]
@@ -17,18 +17,13 @@ pub struct SvnicEq {
     c: FidEq,
 }
 
-// SAFETY: repr(C), FidEq (which begins with struct fid) first, EQ_FI_OPS is its own.
-unsafe impl FidObject for SvnicEq {
-    const CLASS: usize = FI_CLASS_EQ;
-    fn fi_ops() -> *const FiOps {
-        &EQ_FI_OPS
-    }
+fid_object! {
+    SvnicEq: FidEq, FI_CLASS_EQ,
+    static EQ_FI_OPS = FiOps {
+        close: Some(close_object::<SvnicEq>),
+        ..FiOps::ENOSYS
+    };
 }
-
-static EQ_FI_OPS: FiOps = FiOps {
-    close: Some(eq_close),
-    ..FiOps::ENOSYS
-};
 
 static EQ_OPS: FiOpsEq = FiOpsEq {
     read: Some(eq_read),
@@ -50,36 +45,20 @@ pub(crate) fn open(attr: Option<&FiEqAttr>, out: *mut *mut FidEq, context: *mut 
     if !matches!(attr.wait_obj, FI_WAIT_NONE | FI_WAIT_UNSPEC | FI_WAIT_YIELD) {
         return -FI_ENOSYS;
     }
-    let eq = Box::new(SvnicEq {
+    let eq = SvnicEq {
         c: FidEq {
-            fid: Fid {
-                fclass: FI_CLASS_EQ,
-                context,
-                ops: &EQ_FI_OPS,
-            },
+            fid: SvnicEq::fid(context),
             ops: &EQ_OPS,
         },
-    });
+    };
     // SAFETY: checked non-NULL.
-    unsafe { put(out, Box::into_raw(eq).cast::<FidEq>()) };
+    unsafe { hand_out(out, eq) };
     0
 }
 
-unsafe extern "C" fn eq_close(fid: *mut Fid) -> c_int {
-    guard("eq close", || {
-        // SAFETY: the application's fid, recognised before use.
-        if unsafe { object::<SvnicEq>(fid) }.is_none() {
-            return -FI_EINVAL;
-        }
-        // SAFETY: recognised, from Box::into_raw, closed once.
-        unsafe { free_object::<SvnicEq>(fid) };
-        0
-    })
-}
-
 fn check(eq: *mut FidEq) -> isize {
-    // SAFETY: a fid_eq begins with its fid; recognised before use.
-    if unsafe { object::<SvnicEq>(eq.cast()) }.is_none() {
+    // SAFETY: the application's EQ, recognised before use.
+    if unsafe { object_of::<SvnicEq>(eq) }.is_none() {
         -(FI_EINVAL as isize)
     } else {
         -(FI_EAGAIN as isize)

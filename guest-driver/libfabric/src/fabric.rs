@@ -11,7 +11,7 @@ use crate::ffi::eq::{FiEqAttr, FidEq};
 use crate::ffi::errno::*;
 use crate::ffi::*;
 use crate::info::FABRIC_NAME;
-use crate::{free_object, guard, object, put, FidObject};
+use crate::{close_object, guard, hand_out, object, object_of, FidObject};
 
 /// A fabric: nothing but its fid (every domain connects on its own).
 #[repr(C)]
@@ -20,18 +20,13 @@ pub struct SvnicFabric {
     c: FidFabric,
 }
 
-// SAFETY: repr(C), FidFabric (which begins with struct fid) first, FABRIC_FI_OPS is its own.
-unsafe impl FidObject for SvnicFabric {
-    const CLASS: usize = FI_CLASS_FABRIC;
-    fn fi_ops() -> *const FiOps {
-        &FABRIC_FI_OPS
-    }
+fid_object! {
+    SvnicFabric: FidFabric, FI_CLASS_FABRIC,
+    static FABRIC_FI_OPS = FiOps {
+        close: Some(close_object::<SvnicFabric>),
+        ..FiOps::ENOSYS
+    };
 }
-
-static FABRIC_FI_OPS: FiOps = FiOps {
-    close: Some(fabric_close),
-    ..FiOps::ENOSYS
-};
 
 static FABRIC_OPS: FiOpsFabric = FiOpsFabric {
     domain: Some(fabric_domain),
@@ -66,31 +61,15 @@ pub(crate) unsafe extern "C" fn svnic_fabric(
         if unsafe { CStr::from_ptr(attr.name) } != FABRIC_NAME {
             return -FI_EINVAL;
         }
-        let f = Box::new(SvnicFabric {
+        let f = SvnicFabric {
             c: FidFabric {
-                fid: Fid {
-                    fclass: FI_CLASS_FABRIC,
-                    context,
-                    ops: &FABRIC_FI_OPS,
-                },
+                fid: SvnicFabric::fid(context),
                 ops: &FABRIC_OPS,
                 api_version: attr.api_version,
             },
-        });
+        };
         // SAFETY: checked non-NULL.
-        unsafe { put(fabric, Box::into_raw(f).cast::<FidFabric>()) };
-        0
-    })
-}
-
-unsafe extern "C" fn fabric_close(fid: *mut Fid) -> c_int {
-    guard("fabric close", || {
-        // SAFETY: libfabric passes the fid it got from us (or garbage, refused by object()).
-        if unsafe { object::<SvnicFabric>(fid) }.is_none() {
-            return -FI_EINVAL;
-        }
-        // SAFETY: recognised, from Box::into_raw, closed once.
-        unsafe { free_object::<SvnicFabric>(fid) };
+        unsafe { hand_out(fabric, f) };
         0
     })
 }
@@ -102,8 +81,8 @@ unsafe extern "C" fn fabric_domain(
     context: *mut c_void,
 ) -> c_int {
     guard("fi_domain", || {
-        // SAFETY: a fid_fabric begins with its fid.
-        let Some(f) = (unsafe { object::<SvnicFabric>(fabric.cast()) }) else {
+        // SAFETY: the application's fabric, recognised before use.
+        let Some(f) = (unsafe { object_of::<SvnicFabric>(fabric) }) else {
             return -FI_EINVAL;
         };
         // SAFETY: NULL or the application's fi_info.
@@ -134,8 +113,8 @@ unsafe extern "C" fn fabric_eq_open(
     context: *mut c_void,
 ) -> c_int {
     guard("fi_eq_open", || {
-        // SAFETY: a fid_fabric begins with its fid.
-        if unsafe { object::<SvnicFabric>(fabric.cast()) }.is_none() {
+        // SAFETY: the application's fabric, recognised before use.
+        if unsafe { object_of::<SvnicFabric>(fabric) }.is_none() {
             return -FI_EINVAL;
         }
         // SAFETY: NULL or the application's attributes.
@@ -151,8 +130,8 @@ unsafe extern "C" fn fabric_trywait(
     count: c_int,
 ) -> c_int {
     guard("fi_trywait", || {
-        // SAFETY: a fid_fabric begins with its fid.
-        if unsafe { object::<SvnicFabric>(fabric.cast()) }.is_none() {
+        // SAFETY: the application's fabric, recognised before use.
+        if unsafe { object_of::<SvnicFabric>(fabric) }.is_none() {
             return -FI_EINVAL;
         }
         let Ok(n) = usize::try_from(count) else {

@@ -241,15 +241,9 @@ impl Defaults {
                 return Err("tx_attr above svnic's limits");
             }
             self.tx_op_flags = t.op_flags;
-            self.tx_size = if t.size > 0 { t.size } else { self.tx_size };
-            self.tx_iov = if t.iov_limit > 0 {
-                t.iov_limit
-            } else {
-                self.tx_iov
-            };
-            if t.inject_size > 0 {
-                self.inject_size = t.inject_size;
-            }
+            take_hint(&mut self.tx_size, t.size);
+            take_hint(&mut self.tx_iov, t.iov_limit);
+            take_hint(&mut self.inject_size, t.inject_size);
         }
         // SAFETY: NULL or valid, per the caller.
         if let Some(r) = unsafe { h.rx_attr.as_ref() } {
@@ -257,12 +251,8 @@ impl Defaults {
                 return Err("rx_attr above svnic's limits");
             }
             self.rx_op_flags = r.op_flags;
-            self.rx_size = if r.size > 0 { r.size } else { self.rx_size };
-            self.rx_iov = if r.iov_limit > 0 {
-                r.iov_limit
-            } else {
-                self.rx_iov
-            };
+            take_hint(&mut self.rx_size, r.size);
+            take_hint(&mut self.rx_iov, r.iov_limit);
         }
         Ok(())
     }
@@ -298,37 +288,29 @@ impl Defaults {
             i.dest_addr = malloc_copy(&a)?;
             i.dest_addrlen = ADDR_LEN;
         }
-        let tx: *mut FiTxAttr = calloc()?;
-        i.tx_attr = tx;
-        // SAFETY: fresh zeroed allocation.
-        let tx = unsafe { &mut *tx };
+        // SAFETY: a C attribute struct (integers and pointers).
+        let tx = unsafe { calloc_into(&mut i.tx_attr) }?;
         tx.caps = caps::FI_MSG | caps::FI_SEND;
         tx.op_flags = self.tx_op_flags;
         tx.inject_size = self.inject_size;
         tx.size = self.tx_size;
         tx.iov_limit = self.tx_iov;
-        let rx: *mut FiRxAttr = calloc()?;
-        i.rx_attr = rx;
-        // SAFETY: fresh zeroed allocation.
-        let rx = unsafe { &mut *rx };
+        // SAFETY: a C attribute struct (integers and pointers).
+        let rx = unsafe { calloc_into(&mut i.rx_attr) }?;
         rx.caps = caps::FI_MSG | caps::FI_RECV;
         rx.op_flags = self.rx_op_flags;
         rx.size = self.rx_size;
         rx.iov_limit = self.rx_iov;
-        let ep: *mut FiEpAttr = calloc()?;
-        i.ep_attr = ep;
-        // SAFETY: fresh zeroed allocation.
-        let ep = unsafe { &mut *ep };
+        // SAFETY: a C attribute struct (integers and pointers).
+        let ep = unsafe { calloc_into(&mut i.ep_attr) }?;
         ep.type_ = FI_EP_DGRAM;
         ep.protocol = self.protocol;
         ep.protocol_version = PROTOCOL_VERSION;
         ep.max_msg_size = self.max_msg_size;
         ep.tx_ctx_cnt = 1;
         ep.rx_ctx_cnt = 1;
-        let d: *mut FiDomainAttr = calloc()?;
-        i.domain_attr = d;
-        // SAFETY: fresh zeroed allocation.
-        let d = unsafe { &mut *d };
+        // SAFETY: a C attribute struct (integers and pointers).
+        let d = unsafe { calloc_into(&mut i.domain_attr) }?;
         d.name = strdup(FABRIC_NAME)?;
         d.threading = self.threading;
         d.control_progress = FI_PROGRESS_AUTO;
@@ -346,13 +328,32 @@ impl Defaults {
         d.mr_iov_limit = 1;
         d.caps = caps::FI_LOCAL_COMM | caps::FI_REMOTE_COMM;
         d.mr_cnt = 1 << 16;
-        let f: *mut FiFabricAttr = calloc()?;
-        i.fabric_attr = f;
-        // SAFETY: fresh zeroed allocation.
-        let f = unsafe { &mut *f };
+        // SAFETY: a C attribute struct (integers and pointers).
+        let f = unsafe { calloc_into(&mut i.fabric_attr) }?;
         f.name = strdup(FABRIC_NAME)?;
         Ok(())
     }
+}
+
+/// Takes a size or limit hint already checked against ours; 0 in a hint means "the provider's
+/// choice" and keeps ours.
+fn take_hint(ours: &mut usize, hint: usize) {
+    if hint > 0 {
+        *ours = hint;
+    }
+}
+
+/// A zeroed libc allocation of one `T`, linked into `slot` (so that `free_info` frees it
+/// whatever happens next), to be filled in.
+///
+/// # Safety
+/// All-zero bytes must be a valid `T`.
+unsafe fn calloc_into<'a, T>(slot: &mut *mut T) -> Result<&'a mut T, c_int> {
+    let p: *mut T = calloc()?;
+    *slot = p;
+    // SAFETY: a fresh allocation of one T, zeroed, which the caller says is a valid T; the
+    // entry being built owns it and nothing else refers to it yet.
+    Ok(unsafe { &mut *p })
 }
 
 /// A zeroed libc allocation of one `T`.

@@ -19,6 +19,31 @@
 // Tests may unwrap (STYLE.md); the library itself may not, which clippy still checks.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+/// Declares `$ty` a [`FidObject`] whose first field `c` is the libfabric struct `$c`, of class
+/// `$class`, recognised by the `fi_ops` table `$fi_ops` that the use defines (so no other type
+/// can carry it). Both offsets that [`object`] relies on are checked at compile time: `c` at 0
+/// in `$ty`, `fid` at 0 in `$c`. The rest of [`FidObject`]'s contract is the using module's
+/// promise: it gives its objects to C with [`hand_out`] only.
+macro_rules! fid_object {
+    ($ty:ident: $c:ty, $class:expr, static $fi_ops:ident = $table:expr;) => {
+        static $fi_ops: $crate::ffi::FiOps = $table;
+
+        const _: () =
+            assert!(::std::mem::offset_of!($ty, c) == 0 && ::std::mem::offset_of!($c, fid) == 0);
+
+        // SAFETY: the assertion above puts the struct fid at the object's address, the table
+        // is the static defined here, named by this implementation only, and the using module
+        // hands its objects out with hand_out (the macro's contract).
+        unsafe impl $crate::FidObject for $ty {
+            type C = $c;
+            const CLASS: usize = $class;
+            fn fi_ops() -> *const $crate::ffi::FiOps {
+                &$fi_ops
+            }
+        }
+    };
+}
+
 pub mod addr;
 pub mod attach;
 pub mod av;
@@ -34,11 +59,11 @@ pub mod info;
 pub mod wait;
 
 use std::cell::UnsafeCell;
-use std::os::raw::{c_char, c_int};
+use std::os::raw::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::null_mut;
 
-use ffi::errno::FI_EOTHER;
+use ffi::errno::{FI_EINVAL, FI_EOTHER};
 use ffi::prov::{FiContext, FiProvider};
 use ffi::{fi_version, FiOps, Fid};
 
@@ -155,17 +180,29 @@ pub fn guard<R: PanicReturn>(what: &str, f: impl FnOnce() -> R) -> R {
     }
 }
 
-/// A provider object whose first field is its C fid (`#[repr(C)]`), recognised by its class and
-/// its `fi_ops` table.
+/// A provider object whose first field is its C fid, recognised by its class and its `fi_ops`
+/// table. Implemented with `fid_object!`, which checks the layout.
 ///
 /// # Safety
-/// Implementors must be `#[repr(C)]` with a struct beginning with `struct fid` as the first
-/// field, and [`FidObject::fi_ops`] must be a table used by no other type.
+/// Implementors must keep their `struct fid` at offset 0 ([`FidObject::C`] first, itself
+/// beginning with the fid), [`FidObject::fi_ops`] must be a table used by no other type, and
+/// objects must reach C only through [`hand_out`] (so [`close_object`] may free them).
 pub unsafe trait FidObject: Sized {
+    /// The libfabric struct the object begins with (`struct fid_eq`, ...).
+    type C;
     /// The `FI_CLASS_*` value.
     const CLASS: usize;
     /// The address of the type's `fi_ops` static.
     fn fi_ops() -> *const FiOps;
+
+    /// The `struct fid` of a new object: the type's class and table, the application's context.
+    fn fid(context: *mut c_void) -> Fid {
+        Fid {
+            fclass: Self::CLASS,
+            context,
+            ops: Self::fi_ops(),
+        }
+    }
 }
 
 /// The provider object of type `T` that `fid` points to, or `None` for NULL, another class or
@@ -188,14 +225,54 @@ pub unsafe fn object<'a, T: FidObject>(fid: *const Fid) -> Option<&'a T> {
     Some(unsafe { &*(fid as *const T) })
 }
 
-/// Frees an object created with `Box::into_raw` after [`object`] recognised it.
+/// [`object`] for the entry points that receive an object's C struct (`struct fid_av *`, ...)
+/// instead of its fid.
 ///
 /// # Safety
-/// `fid` must have been recognised by [`object::<T>`], come from `Box::into_raw`, and not be
-/// used again by anyone (libfabric's contract after `fi_close`).
+/// As [`object`].
+pub unsafe fn object_of<'a, T: FidObject>(c: *mut T::C) -> Option<&'a T> {
+    // SAFETY: per the contract above; a T::C begins with its fid (FidObject's contract), and so
+    // does the C struct of any other libfabric object `c` may point to.
+    unsafe { object::<T>(c.cast()) }
+}
+
+/// Gives a new object to the application: boxes it and writes its C struct's address to `out`.
+///
+/// # Safety
+/// `out` must be valid for a write of a pointer (the caller checked it for NULL).
+pub unsafe fn hand_out<T: FidObject>(out: *mut *mut T::C, obj: T) {
+    // SAFETY: per the contract above. The C struct is the object's first field.
+    unsafe { put(out, Box::into_raw(Box::new(obj)).cast::<T::C>()) }
+}
+
+/// Frees an object created by [`hand_out`] after [`object`] recognised it.
+///
+/// # Safety
+/// `fid` must have been recognised by [`object::<T>`] and not be used again by anyone
+/// (libfabric's contract after `fi_close`).
 pub unsafe fn free_object<T: FidObject>(fid: *mut Fid) {
-    // SAFETY: per the contract above.
+    // SAFETY: per the contract above; a recognised object came from `hand_out`'s
+    // `Box::into_raw` (FidObject's contract), and its fid is at its address.
     drop(unsafe { Box::from_raw(fid as *mut T) });
+}
+
+/// `close` of `struct fi_ops` for the objects that own nothing needing more than their drop:
+/// recognises the fid and frees the object. An object's shared state (CQs, AVs, the domain's
+/// connection) stays alive through the `Arc`s of whoever still holds it.
+///
+/// # Safety
+/// `fid` must be NULL or point to a readable `struct fid` (libfabric's contract for
+/// `fi_close`); a fid of type `T` must not be used after it is closed.
+pub unsafe extern "C" fn close_object<T: FidObject>(fid: *mut Fid) -> c_int {
+    guard("fi_close", || {
+        // SAFETY: per the contract above; anything not a T is refused.
+        if unsafe { object::<T>(fid) }.is_none() {
+            return -FI_EINVAL;
+        }
+        // SAFETY: recognised, and closed once (the contract above).
+        unsafe { free_object::<T>(fid) };
+        0
+    })
 }
 
 /// Writes `value` through an out-pointer the caller checked for NULL.

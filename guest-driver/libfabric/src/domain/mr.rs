@@ -7,7 +7,7 @@ use super::SvnicDomain;
 use crate::ffi::domain::{FiOpsMr, FidMr};
 use crate::ffi::errno::*;
 use crate::ffi::{FiOps, Fid, FI_CLASS_MR};
-use crate::{free_object, guard, object, put, FidObject};
+use crate::{close_object, guard, hand_out, object, FidObject};
 
 /// A registration.
 #[repr(C)]
@@ -16,18 +16,13 @@ pub struct SvnicMr {
     c: FidMr,
 }
 
-// SAFETY: repr(C), FidMr (which begins with struct fid) first, MR_FI_OPS is its own.
-unsafe impl FidObject for SvnicMr {
-    const CLASS: usize = FI_CLASS_MR;
-    fn fi_ops() -> *const FiOps {
-        &MR_FI_OPS
-    }
+fid_object! {
+    SvnicMr: FidMr, FI_CLASS_MR,
+    static MR_FI_OPS = FiOps {
+        close: Some(close_object::<SvnicMr>),
+        ..FiOps::ENOSYS
+    };
 }
-
-static MR_FI_OPS: FiOps = FiOps {
-    close: Some(mr_close),
-    ..FiOps::ENOSYS
-};
 
 /// The `mr` table of every domain.
 pub(crate) static MR_OPS: FiOpsMr = FiOpsMr {
@@ -50,19 +45,15 @@ fn register(
     if flags != 0 {
         return -FI_EBADFLAGS;
     }
-    let mr = Box::new(SvnicMr {
+    let mr = SvnicMr {
         c: FidMr {
-            fid: Fid {
-                fclass: FI_CLASS_MR,
-                context,
-                ops: &MR_FI_OPS,
-            },
+            fid: SvnicMr::fid(context),
             mem_desc: std::ptr::null_mut(),
             key,
         },
-    });
+    };
     // SAFETY: checked non-NULL.
-    unsafe { put(out, Box::into_raw(mr).cast::<FidMr>()) };
+    unsafe { hand_out(out, mr) };
     0
 }
 
@@ -85,17 +76,5 @@ unsafe extern "C" fn mr_reg<T>(
             return -FI_EINVAL;
         }
         register(domain, key, flags, out, context)
-    })
-}
-
-unsafe extern "C" fn mr_close(fid: *mut Fid) -> c_int {
-    guard("mr close", || {
-        // SAFETY: the application's fid, recognised before use.
-        if unsafe { object::<SvnicMr>(fid) }.is_none() {
-            return -FI_EINVAL;
-        }
-        // SAFETY: recognised, from Box::into_raw, closed once.
-        unsafe { free_object::<SvnicMr>(fid) };
-        0
     })
 }
