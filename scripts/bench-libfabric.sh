@@ -33,7 +33,7 @@ while [ $# -gt 0 ]; do
         --rounds) rounds=$2; shift ;;
         --no-build) build=0 ;;
         --no-mpi) mpi=0 ;;
-        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
         *) echo "unknown argument: $1 (try --help)" >&2; exit 64 ;;
     esac
     shift
