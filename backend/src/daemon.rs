@@ -69,12 +69,13 @@ impl PortEvents for Events {
     }
 
     fn connection(&self, port: PortId, connected: bool) {
+        // A frontend decides how often it connects: rate-limited.
         if connected {
-            info!("{port}: frontend connected");
+            svnic_control_plane::log_limited!(log::Level::Info, "{port}: frontend connected");
         } else {
             // Channels went with the memory (memory_changed(None) comes first); nothing of
             // the guest stays in the engine.
-            info!("{port}: frontend disconnected");
+            svnic_control_plane::log_limited!(log::Level::Info, "{port}: frontend disconnected");
         }
     }
 }

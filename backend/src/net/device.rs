@@ -15,7 +15,8 @@ use std::os::unix::io::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use log::{debug, info, warn};
+use log::{debug, warn, Level};
+use svnic_control_plane::log_limited;
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost_user_backend::{ShutdownHandle, VhostUserBackend, VringRwLock, VringState, VringT};
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
@@ -210,8 +211,8 @@ impl NetDevice {
 
     /// Guest memory vanished under the daemon (zero memory stands in): the connection ends.
     fn memory_vanished(&self, fault: GuestMemoryFault) {
-        svnic_control_plane::log_limited!(
-            log::Level::Warn,
+        log_limited!(
+            Level::Warn,
             "{}: guest memory at {:#x} vanished under the daemon (file truncated, hole punched or \
              hugepage pool exhausted); closing the connection ({} such faults in all)",
             self.port(),
@@ -231,7 +232,7 @@ impl NetDevice {
             .ring_fault_reported
             .store(false, Ordering::Relaxed);
         self.inner.switch.events().connection(port, true);
-        info!("{port}: device started, link up");
+        log_limited!(Level::Info, "{port}: device started, link up");
     }
 
     /// Link down (queued frames dropped), `memory_changed(None)`, `connection(false)`. The
@@ -245,7 +246,7 @@ impl NetDevice {
         st.live = false;
         self.inner.switch.events().memory_changed(port, None);
         self.inner.switch.events().connection(port, false);
-        info!("{port}: link down ({why})");
+        log_limited!(Level::Info, "{port}: link down ({why})");
     }
 
     /// The data path's view, or `None` if the device is not started. A queue event on a stopped
@@ -274,7 +275,8 @@ impl NetDevice {
             if !ring_enabled {
                 return None;
             }
-            info!(
+            log_limited!(
+                Level::Info,
                 "{}: rings restarted without a new memory table: using the one it has",
                 self.port()
             );
@@ -524,7 +526,8 @@ impl VhostUserBackend for NetDevice {
                     guard.replace(GuestMemoryMmap::new());
                 }
                 drop(table);
-                warn!(
+                log_limited!(
+                    Level::Warn,
                     "{port}: frontend sent an unusable memory table: {e}; closing the connection"
                 );
                 self.go_down(&mut st, "unusable memory table");
@@ -533,7 +536,8 @@ impl VhostUserBackend for NetDevice {
                 return Err(e);
             }
         };
-        info!(
+        log_limited!(
+            Level::Info,
             "{port}: memory table: {} region(s), {} MiB, {}",
             table.num_regions(),
             table
