@@ -13,7 +13,7 @@ use std::fmt;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Instant, SystemTime};
 
-use log::{debug, error, info};
+use log::{debug, error};
 use svnic_channels::{ChannelAddr, ChannelId, FailureReason, MacAddr};
 
 use crate::admission::admit;
@@ -115,7 +115,8 @@ impl<T: Clone + Send + Sync + 'static> ControlPlane<T> {
         };
         reg.last_guest_id = next;
         let id = GuestId(next);
-        info!(
+        crate::log_limited!(
+            log::Level::Info,
             "{id} {:?} added: MACs {:?}, endpoints {}..={}, up to {} channels of at most {} bytes, creates {}/s in bursts of {}",
             policy.name,
             policy.macs,
@@ -162,7 +163,8 @@ impl<T: Clone + Send + Sync + 'static> ControlPlane<T> {
             .iter()
             .filter_map(|cid| self.begin_destroy_locked(&mut reg, None, *cid).ok())
             .collect();
-        info!(
+        crate::log_limited!(
+            log::Level::Info,
             "{id} {:?} removed; {} of its {} live channels to tear down",
             entry.policy.name,
             teardowns.len(),

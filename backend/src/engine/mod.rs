@@ -282,7 +282,7 @@ impl Engine {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         lock(&self.inner.guests).remove(&guest);
-        info!("guest {} removed", guest.0);
+        svnic_control_plane::log_limited!(log::Level::Info, "guest {} removed", guest.0);
         Ok(())
     }
 

@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use log::{debug, info};
+use log::debug;
 use svnic_channels::frame::{claims_svnic, Frame, FrameBody};
 use svnic_channels::MacAddr;
 use thiserror::Error;
@@ -188,7 +188,10 @@ impl Switch {
             t.by_mac.insert(mac, id);
         }
         t.ports.insert(id, Arc::clone(&port));
-        info!("switch: {id} added with MAC(s) {macs:?}");
+        svnic_control_plane::log_limited!(
+            log::Level::Info,
+            "switch: {id} added with MAC(s) {macs:?}"
+        );
         Ok(port)
     }
 
@@ -203,7 +206,7 @@ impl Switch {
             t.by_mac.remove(mac);
         }
         port.set_up(false);
-        info!("switch: {id} removed");
+        svnic_control_plane::log_limited!(log::Level::Info, "switch: {id} removed");
         true
     }
 
