@@ -324,9 +324,13 @@ pub(crate) fn open(
 unsafe fn scatter(segs: &Segments, src: &[u8]) -> usize {
     let mut done = 0;
     for &(base, len) in segs {
+        if done == src.len() {
+            break;
+        }
+        // A zero-length segment holds nothing; the next one may.
         let n = len.min(src.len() - done);
         if n == 0 {
-            break;
+            continue;
         }
         // SAFETY: per the contract above; n <= len.
         unsafe { std::ptr::copy_nonoverlapping(src[done..].as_ptr(), base as *mut u8, n) };
@@ -660,9 +664,12 @@ impl EpState {
                 let mut failed = None;
                 if let Some(ch) = self.channel.as_mut() {
                     for &(base, seg) in &r.segs {
+                        if done == len {
+                            break;
+                        }
                         let n = seg.min(len - done);
                         if n == 0 {
-                            break;
+                            continue;
                         }
                         // SAFETY: the application owns the posted buffers until their
                         // completion; n <= the segment's length.
@@ -1312,4 +1319,20 @@ unsafe extern "C" fn ep_inject(e: *mut FidEp, buf: *const c_void, len: usize, de
             true,
         )
     })
+}
+
+#[cfg(test)]
+mod scatter_tests {
+    use super::*;
+
+    #[test]
+    fn a_zero_length_segment_is_passed_over_not_the_end() {
+        let (mut a, mut b) = ([0u8; 4], [0u8; 4]);
+        let segs: Segments = [(a.as_mut_ptr() as usize, 0), (b.as_mut_ptr() as usize, 4)]
+            .into_iter()
+            .collect();
+        // SAFETY: both segments are this test's own arrays, of the lengths given.
+        let done = unsafe { scatter(&segs, b"wxyz") };
+        assert_eq!((done, a, b), (4, [0; 4], *b"wxyz"));
+    }
 }
