@@ -118,6 +118,19 @@ pub fn echo(
                 Message::DmaData(d) => {
                     // The cookie is the index of the posted buffer it filled.
                     let k = d.cookie;
+                    if k >= POSTED {
+                        return Err(MicroVmError::Peer(format!(
+                            "DMA-data into unknown buffer {k}"
+                        )));
+                    }
+                    // The engine filled posted buffer k: the data must be exactly there.
+                    let posted = bufs.rx(k);
+                    if d.data.offset != posted.offset || d.data.len > posted.len {
+                        return Err(MicroVmError::Peer(format!(
+                            "DMA-data at {:#x}+{} is not inside posted buffer {k}",
+                            d.data.offset, d.data.len
+                        )));
+                    }
                     let busy = bufs.sending.get_mut(k as usize).ok_or_else(|| {
                         MicroVmError::Peer(format!("DMA-data into unknown buffer {k}"))
                     })?;
