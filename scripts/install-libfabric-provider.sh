@@ -26,6 +26,6 @@ lib=$target/$profile/libsvnic_fi.so
 mkdir -p "$dest"
 # Copy to a temporary name and rename, so that a process loading the provider never sees a
 # half-written file.
-cp "$lib" "$dest/.libsvnic-fi.so.tmp"
-mv -f "$dest/.libsvnic-fi.so.tmp" "$dest/libsvnic-fi.so"
+cp "$lib" "$dest/.libsvnic-fi.so.$$"
+mv -f "$dest/.libsvnic-fi.so.$$" "$dest/libsvnic-fi.so"
 echo "installed $dest/libsvnic-fi.so; use: export FI_PROVIDER_PATH=$dest FI_PROVIDER=svnic"

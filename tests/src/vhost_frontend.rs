@@ -704,7 +704,8 @@ impl TestFrontend {
     }
 
     /// Sends a control request frame from `me` to the engine and collects the engine's answers
-    /// to it (status, channel) until a final one or a quiet 300 ms.
+    /// to it (status, channel) until a final one, or a quiet 300 ms before any answer, or the
+    /// deadline once Pending came (the final answer may take its time).
     pub fn control(
         &mut self,
         me: MacAddr,
@@ -715,7 +716,12 @@ impl TestFrontend {
         let mut answers = Vec::new();
         let deadline = Instant::now() + 2 * TIMEOUT;
         while Instant::now() < deadline {
-            let Some(bytes) = self.recv(Duration::from_millis(300)) else {
+            let quiet = if answers.is_empty() {
+                Duration::from_millis(300)
+            } else {
+                deadline.saturating_duration_since(Instant::now())
+            };
+            let Some(bytes) = self.recv(quiet) else {
                 break;
             };
             if let Ok(Frame {

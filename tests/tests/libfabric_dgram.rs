@@ -99,7 +99,25 @@ fn fi_pingpong_survivor_of_a_killed_peer_gets_an_error_not_a_hang() {
     let args = ["-p", "svnic", "-e", "dgram", "-S", "16", "-I", "100000000"];
     let (mut server, mut client) =
         start_pingpong((&d.sock(1), &d.sock(2)), &args, &server_log, &client_log);
-    std::thread::sleep(Duration::from_secs(2));
+    // Kill the client mid-stream: once messages go through the engine (the out-of-band address
+    // exchange is over).
+    let moved = || -> u64 {
+        d.daemon()
+            .engine()
+            .worker_stats()
+            .iter()
+            .map(|w| w.counts.messages)
+            .sum()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while moved() < 1000 {
+        assert!(Instant::now() < deadline, "no traffic through the engine");
+        assert!(
+            client.0.try_wait().unwrap().is_none(),
+            "the client ended early"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert!(
         client.0.try_wait().unwrap().is_none(),
         "the client ended early:\n{}",
