@@ -5,6 +5,7 @@
 //! - [`frame_handler`]: svnic frames from guests (control requests, doorbells) to the engine, and
 //!   its responses and wakes back.
 //! - [`pool`]: guest pools, where every connecting process becomes a guest of its own.
+//! - [`uplink`]: the attachment to a host interface and the protocol between engines.
 //!
 //! The binaries around it stay thin.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
@@ -18,6 +19,7 @@ pub mod frame_handler;
 pub mod net;
 pub mod pool;
 pub mod sockets;
+pub mod uplink;
 
 pub use engine::{
     allowed_cpus, pin_to_cpu, ChannelInfo, ChannelStats, Engine, EngineConfig, EngineError,
