@@ -17,8 +17,10 @@ use crate::engine::{EngineConfig, Placement};
 use crate::sockets::{parse_mode, SocketAccess, DEFAULT_SOCKET_MODE};
 
 mod pool;
+mod uplink;
 
 pub use pool::{member_name, MacRange, PoolConfig, MAX_POOL_GUESTS};
+pub use uplink::{check_iface, FaultSettings, UplinkConfig, UplinkOverrides, DEFAULT_PEER_TIMEOUT};
 
 /// A configuration error: what, where, and what is expected.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -125,6 +127,8 @@ pub struct DaemonConfig {
     pub admin_socket_mode: u32,
     /// Uids allowed on the admin socket besides the daemon's own and root.
     pub admin_allow_uids: Vec<u32>,
+    /// The host interface guests reach other hosts through, if any.
+    pub uplink: Option<UplinkConfig>,
 }
 
 /// Default admin socket path, in the daemon's private directory
@@ -450,6 +454,7 @@ struct FileConfig {
     guest: Vec<FileGuest>,
     #[serde(default)]
     pool: Vec<FileGuest>,
+    uplink: Option<uplink::FileUplink>,
 }
 
 /// Engine settings given on the command line (each overrides the file).
@@ -569,7 +574,12 @@ impl DaemonConfig {
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_ADMIN_SOCKET)),
             admin_socket_mode: DEFAULT_SOCKET_MODE,
             admin_allow_uids: Vec::new(),
+            uplink: None,
         };
+        config.uplink = uplink::from_file(parsed.uplink)?;
+        if config.uplink.is_some() {
+            uplink::check_placement(config.engine.placement)?;
+        }
         let file_ctx = file.map_or_else(|| "config".to_string(), |f| f.display().to_string());
         if let Some(mode) = parsed.admin_socket_mode.as_deref() {
             config.admin_socket_mode = parse_socket_mode(&file_ctx, "admin_socket_mode", mode)?;
@@ -593,6 +603,16 @@ impl DaemonConfig {
         if !allow_uids.is_empty() {
             check_ids("--admin-allow-uid", "uid", allow_uids)?;
             self.admin_allow_uids = allow_uids.to_vec();
+        }
+        Ok(())
+    }
+
+    /// Applies the uplink settings of the command line (each replaces the file's; `--uplink`
+    /// names an interface anew, with default settings for what the command line does not give).
+    pub fn override_uplink(&mut self, cli: &UplinkOverrides) -> Result<(), ConfigError> {
+        self.uplink = uplink::apply(self.uplink.take(), cli)?;
+        if self.uplink.is_some() {
+            uplink::check_placement(self.engine.placement)?;
         }
         Ok(())
     }

@@ -606,3 +606,174 @@ fn a_pool_loads_from_a_toml_file_and_guest_and_pool_keys_stay_apart() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+fn load_file(text: &str) -> Result<DaemonConfig, ConfigError> {
+    let dir = tempfile_dir();
+    let file = dir.join("svnic.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "{text}\n[[guest]]\nname = \"a\"\nsocket = \"/tmp/a.sock\"\nmac = \"52:54:00:00:00:01\"\n"
+        ),
+    )
+    .unwrap();
+    let r = DaemonConfig::load(Some(&file), &[], &EngineOverrides::default(), None);
+    let _ = std::fs::remove_dir_all(&dir);
+    r
+}
+
+fn tempfile_dir() -> PathBuf {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("svnic-uplink-cfg-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn no_uplink_unless_an_interface_is_named() {
+    let c = load(&["name=a,socket=/tmp/a.sock,mac=52:54:00:00:00:01"]).unwrap();
+    assert_eq!(c.uplink, None);
+    let mut c = c;
+    c.override_uplink(&UplinkOverrides::default()).unwrap();
+    assert_eq!(c.uplink, None);
+}
+
+#[test]
+fn uplink_from_the_file_with_the_command_line_over_it() {
+    let c = load_file(
+        "[uplink]\niface = \"veth0\"\npeer_timeout_ms = 500\n[uplink.fault]\ndrop = 0.05\nseed = 7\n",
+    )
+    .unwrap();
+    let up = c.uplink.clone().unwrap();
+    assert_eq!(up.iface, "veth0");
+    assert_eq!(up.peer_timeout, Duration::from_millis(500));
+    assert_eq!(
+        up.fault,
+        FaultSettings {
+            drop: 0.05,
+            duplicate: 0.0,
+            reorder: 0.0,
+            seed: 7
+        }
+    );
+    assert!(!up.fault.is_off());
+
+    let mut c2 = c.clone();
+    c2.override_uplink(&UplinkOverrides {
+        peer_timeout_ms: Some(100),
+        fault: Some("duplicate=0.5,reorder=1".into()),
+        ..Default::default()
+    })
+    .unwrap();
+    let up = c2.uplink.unwrap();
+    assert_eq!(
+        (up.iface.as_str(), up.peer_timeout),
+        ("veth0", Duration::from_millis(100))
+    );
+    assert_eq!(
+        (up.fault.drop, up.fault.duplicate, up.fault.reorder),
+        (0.0, 0.5, 1.0)
+    );
+
+    let mut c3 = c;
+    c3.override_uplink(&UplinkOverrides {
+        iface: Some("eth1".into()),
+        ..Default::default()
+    })
+    .unwrap();
+    let up = c3.uplink.unwrap();
+    assert_eq!(up.iface, "eth1");
+    assert_eq!(
+        up.peer_timeout, DEFAULT_PEER_TIMEOUT,
+        "a new --uplink starts afresh"
+    );
+    assert!(up.fault.is_off());
+}
+
+#[test]
+fn bad_uplink_settings_are_named_with_their_value() {
+    for (text, field, value) in [
+        ("[uplink]\niface = \"\"\n", "iface", ""),
+        ("[uplink]\niface = \"a/b\"\n", "iface", "a/b"),
+        (
+            "[uplink]\niface = \"sixteen-chars-xx\"\n",
+            "iface",
+            "sixteen-chars-xx",
+        ),
+        ("[uplink]\niface = \"a b\"\n", "iface", "a b"),
+        ("[uplink]\niface = \"..\"\n", "iface", ".."),
+        ("[uplink]\npeer_timeout_ms = 100\n", "iface", ""),
+        (
+            "[uplink]\niface = \"v\"\npeer_timeout_ms = 5\n",
+            "peer_timeout_ms",
+            "5",
+        ),
+        (
+            "[uplink]\niface = \"v\"\n[uplink.fault]\ndrop = 1.5\n",
+            "fault.drop",
+            "1.5",
+        ),
+        (
+            "[uplink]\niface = \"v\"\n[uplink.fault]\nreorder = -0.1\n",
+            "fault.reorder",
+            "-0.1",
+        ),
+        (
+            "[engine]\nplacement = \"least-loaded\"\n[uplink]\niface = \"v\"\n",
+            "placement",
+            "least-loaded",
+        ),
+    ] {
+        match load_file(text) {
+            Err(ConfigError::Field {
+                field: f, value: v, ..
+            }) => assert_eq!((f.as_str(), v.as_str()), (field, value), "{text}"),
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+    assert!(matches!(
+        load_file("[uplink]\niface = \"v\"\nmtu = 9000\n"),
+        Err(ConfigError::File { .. })
+    ));
+    let base = load(&["name=a,socket=/tmp/a.sock,mac=52:54:00:00:00:01"]).unwrap();
+    for (cli, field) in [
+        (
+            UplinkOverrides {
+                fault: Some("drop=0.1".into()),
+                ..Default::default()
+            },
+            "iface",
+        ),
+        (
+            UplinkOverrides {
+                iface: Some("v".into()),
+                fault: Some("drop=2".into()),
+                ..Default::default()
+            },
+            "fault.drop",
+        ),
+        (
+            UplinkOverrides {
+                iface: Some("v".into()),
+                fault: Some("loss=0.1".into()),
+                ..Default::default()
+            },
+            "fault",
+        ),
+        (
+            UplinkOverrides {
+                iface: Some("v".into()),
+                peer_timeout_ms: Some(700_000),
+                ..Default::default()
+            },
+            "peer_timeout_ms",
+        ),
+    ] {
+        let mut c = base.clone();
+        match c.override_uplink(&cli) {
+            Err(ConfigError::Field { field: f, .. }) => assert_eq!(f, field, "{cli:?}"),
+            other => panic!("{cli:?}: {other:?}"),
+        }
+    }
+}

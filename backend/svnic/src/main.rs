@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use svnic_backend::admin::{query, render, AdminRequest};
-use svnic_backend::config::{DaemonConfig, EngineOverrides, DEFAULT_ADMIN_SOCKET};
+use svnic_backend::config::{DaemonConfig, EngineOverrides, UplinkOverrides, DEFAULT_ADMIN_SOCKET};
 use svnic_backend::daemon::{block_termination_signals, wait_for_termination, AdminSocket, Daemon};
 use svnic_backend::Placement;
 use svnic_guest_tools::demo::{run_demo, DemoOptions};
@@ -39,6 +39,24 @@ struct Cli {
     command: Command,
 }
 
+/// `svnic serve`'s uplink settings.
+#[derive(clap::Args)]
+struct UplinkArgs {
+    /// The host interface to reach guests on other hosts through (docs/wire.md).
+    #[arg(long, value_name = "IFACE")]
+    uplink: Option<String>,
+    /// How long a peer engine may acknowledge nothing before its senders' messages fail
+    /// [default: 2000].
+    #[arg(long, value_name = "MS")]
+    uplink_peer_timeout_ms: Option<u64>,
+    /// For tests: drop, duplicate and reorder these fractions of uplink frames
+    /// (drop=F,duplicate=F,reorder=F[,seed=N]).
+    #[arg(long, value_name = "SPEC")]
+    uplink_fault: Option<String>,
+}
+
+// `serve` carries most options; the command is parsed once, so its size does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Serve guests, each on its own vhost-user socket, and guest pools until SIGINT/SIGTERM.
@@ -87,6 +105,8 @@ enum Command {
         /// A uid allowed on the admin socket besides this daemon's own and root (repeatable).
         #[arg(long = "admin-allow-uid", value_name = "UID")]
         admin_allow_uids: Vec<u32>,
+        #[command(flatten)]
+        uplink: UplinkArgs,
     },
     /// Ask a running daemon: guests, pools, channels, or engine counters.
     Ctl {
@@ -179,7 +199,13 @@ fn main() -> ExitCode {
             admin_socket,
             admin_socket_mode,
             admin_allow_uids,
+            uplink,
         } => {
+            let uplink = UplinkOverrides {
+                iface: uplink.uplink,
+                peer_timeout_ms: uplink.uplink_peer_timeout_ms,
+                fault: uplink.uplink_fault,
+            };
             let overrides = EngineOverrides {
                 workers,
                 poll_budget,
@@ -197,6 +223,7 @@ fn main() -> ExitCode {
             )
             .and_then(|mut c| {
                 c.override_admin(admin_socket_mode.as_deref(), &admin_allow_uids)?;
+                c.override_uplink(&uplink)?;
                 Ok(c)
             });
             let cfg = match loaded {
