@@ -13,6 +13,13 @@
 //!
 //! Every drop is counted on the port that caused it: the sender for 2, 3, 5 (looped) and 6, the
 //! receiver for a full RX queue or a down link.
+//!
+//! Frames from the uplink ([`Switch::from_uplink`]) are as untrusted as guests' frames, and go
+//! only to local ports: svnic frames are refused (the uplink hands them to the engine, never to
+//! the switch); malformed ones, and those whose source MAC is a local guest's (spoofed) or a
+//! group address, are dropped; broadcast / multicast go to every port whose link is up; unicast
+//! to its owner; others (the wire carries every host's traffic) are not for this host. The
+//! caller counts the outcome.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -34,6 +41,24 @@ const ETH_HEADER_LEN: usize = 14;
 pub trait Uplink: Send + Sync {
     /// Sends `frame` (from port `from`) on the wire. False if it was dropped.
     fn transmit(&self, from: PortId, frame: &[u8]) -> bool;
+}
+
+/// What became of a frame from the uplink; see [`Switch::from_uplink`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ingress {
+    /// Queued for its owner, or for every port that is up (how many took it).
+    Delivered(usize),
+    /// For a local guest whose link is down or whose queue is full (counted on that port).
+    Refused,
+    /// An svnic frame: for the engine, not the switch.
+    Svnic,
+    /// Shorter than an Ethernet header, longer than the largest frame, or with a group address
+    /// as its source.
+    Malformed,
+    /// The source MAC is owned by a local guest.
+    Spoofed,
+    /// Unicast to a MAC no local guest owns.
+    NotLocal,
 }
 
 /// Tunables of a switch.
@@ -256,6 +281,47 @@ impl Switch {
         let mut buf = self.pool.take();
         buf.buf_mut().extend_from_slice(frame);
         target.enqueue_engine(Arc::new(buf), wake) != EngineQueued::Refused
+    }
+
+    /// True if a local guest's port owns `mac`.
+    pub fn owns(&self, mac: MacAddr) -> bool {
+        self.read().by_mac.contains_key(&mac)
+    }
+
+    /// Switches a frame that came in on the uplink (see the module documentation for the rules).
+    pub fn from_uplink(&self, frame: &[u8]) -> Ingress {
+        if frame.len() < ETH_HEADER_LEN || frame.len() > MAX_FRAME_LEN {
+            return Ingress::Malformed;
+        }
+        if claims_svnic(frame) {
+            return Ingress::Svnic;
+        }
+        let (dst, src) = (mac_at(frame, 0), mac_at(frame, 6));
+        if src.is_multicast() {
+            return Ingress::Malformed;
+        }
+        let t = self.read();
+        if t.by_mac.contains_key(&src) {
+            return Ingress::Spoofed;
+        }
+        let copy = || {
+            let mut buf = self.pool.take();
+            buf.buf_mut().extend_from_slice(frame);
+            Arc::new(buf)
+        };
+        if dst.is_multicast() {
+            let shared = copy();
+            let mut n = 0;
+            for port in t.ports.values().filter(|p| p.is_up()) {
+                n += usize::from(port.enqueue(Arc::clone(&shared)));
+            }
+            return Ingress::Delivered(n);
+        }
+        match t.by_mac.get(&dst).and_then(|id| t.ports.get(id)) {
+            Some(port) if port.enqueue(copy()) => Ingress::Delivered(1),
+            Some(_) => Ingress::Refused,
+            None => Ingress::NotLocal,
+        }
     }
 
     /// Switches a frame the guest of `from` sent (see the module documentation for the rules).

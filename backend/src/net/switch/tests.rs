@@ -379,3 +379,54 @@ fn a_full_engine_queue_refuses_and_counts_and_wakes_the_worker_once() {
     assert_eq!((n, u64::from_ne_bytes(buf)), (8, 1));
     assert_eq!(fx.received(1), [response(2, 1), response(2, 2)]);
 }
+
+#[test]
+fn frames_from_the_uplink_reach_local_guests_only_and_never_as_a_local_guest() {
+    let fx = fixture(3, SwitchConfig::default());
+    fx.ports[2].set_up(false);
+    let remote = MacAddr([0x52, 0x54, 0, 0, 1, 9]);
+    let unicast = eth(mac(2), remote, 0x0800, b"from another host");
+    assert_eq!(fx.switch.from_uplink(&unicast), Ingress::Delivered(1));
+    assert_eq!(fx.received(1), vec![unicast]);
+
+    let bcast = eth(MacAddr::BROADCAST, remote, 0x0806, b"who has");
+    assert_eq!(fx.switch.from_uplink(&bcast), Ingress::Delivered(2));
+    assert_eq!(fx.received(0), vec![bcast.clone()]);
+    assert_eq!(fx.received(1), vec![bcast]);
+
+    let down = eth(mac(3), remote, 0x0800, b"link down");
+    assert_eq!(fx.switch.from_uplink(&down), Ingress::Refused);
+    assert_eq!(fx.ports[2].stats().drops.rx_port_down, 1);
+
+    for (frame, outcome) in [
+        (
+            eth(mac(2), mac(1), 0x0800, b"spoofing guest 1"),
+            Ingress::Spoofed,
+        ),
+        (
+            eth(mac(2), MacAddr::BROADCAST, 0x0800, b"group source"),
+            Ingress::Malformed,
+        ),
+        (vec![0u8; 13], Ingress::Malformed),
+        (vec![0u8; MAX_FRAME_LEN + 1], Ingress::Malformed),
+        (
+            eth(
+                MacAddr([0x52, 0x54, 0, 0, 2, 1]),
+                remote,
+                0x0800,
+                b"for someone else",
+            ),
+            Ingress::NotLocal,
+        ),
+        (
+            eth(mac(2), remote, ETHERTYPE, &[1, 3, 0, 0]),
+            Ingress::Svnic,
+        ),
+    ] {
+        assert_eq!(fx.switch.from_uplink(&frame), outcome, "{frame:02x?}");
+    }
+    for p in 0..3 {
+        assert!(fx.received(p).is_empty(), "port {p} got a refused frame");
+    }
+    assert!(fx.switch.owns(mac(1)) && !fx.switch.owns(remote));
+}
