@@ -32,6 +32,7 @@ use thiserror::Error;
 use super::frame_pool::{FramePool, PooledFrame};
 use super::port::{EngineQueued, PortCounters, PortEvents, PortId, PortStats, SwitchPort};
 use super::virtio_net::MAX_FRAME_LEN;
+use crate::uplink::{Ingress, LocalPorts};
 
 /// Length of an Ethernet header (destination, source, EtherType).
 const ETH_HEADER_LEN: usize = 14;
@@ -41,24 +42,6 @@ const ETH_HEADER_LEN: usize = 14;
 pub trait Uplink: Send + Sync {
     /// Sends `frame` (from port `from`) on the wire. False if it was dropped.
     fn transmit(&self, from: PortId, frame: &[u8]) -> bool;
-}
-
-/// What became of a frame from the uplink; see [`Switch::from_uplink`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ingress {
-    /// Queued for its owner, or for every port that is up (how many took it).
-    Delivered(usize),
-    /// For a local guest whose link is down or whose queue is full (counted on that port).
-    Refused,
-    /// An svnic frame: for the engine, not the switch.
-    Svnic,
-    /// Shorter than an Ethernet header, longer than the largest frame, or with a group address
-    /// as its source.
-    Malformed,
-    /// The source MAC is owned by a local guest.
-    Spoofed,
-    /// Unicast to a MAC no local guest owns.
-    NotLocal,
 }
 
 /// Tunables of a switch.
@@ -374,6 +357,16 @@ impl Switch {
                 _ => PortCounters::inc(&c.drops.unknown_unicast),
             },
         }
+    }
+}
+
+impl LocalPorts for Switch {
+    fn deliver(&self, frame: &[u8]) -> Ingress {
+        self.from_uplink(frame)
+    }
+
+    fn owns(&self, mac: MacAddr) -> bool {
+        Switch::owns(self, mac)
     }
 }
 

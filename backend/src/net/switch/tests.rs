@@ -8,6 +8,7 @@ use svnic_control_plane::GuestId;
 use vm_memory::GuestMemoryMmap;
 
 use super::*;
+use crate::uplink::Ingress;
 
 #[derive(Default)]
 struct Recorder {
