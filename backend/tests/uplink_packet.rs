@@ -412,3 +412,29 @@ fn vlan_tagged_frames_arrive_with_their_tag_in_place() {
     assert_eq!(got, frames);
     assert_eq!(rx.stats().vlan_reinserted, 3);
 }
+
+#[test]
+fn a_full_rx_ring_drops_in_the_kernel_counts_it_and_recovers() {
+    let Some(h) = hosts() else { return };
+    let tiny = PacketConfig {
+        rx_frames: 1,
+        ..PacketConfig::default()
+    };
+    let mut rx = open(&h.a, A_IF, tiny);
+    let slots = rx.ring_frames().0;
+    assert!(slots < 8, "{slots} RX slots");
+    let mut tx = open(&h.b, B_IF, PacketConfig::default());
+    let burst: Vec<Vec<u8>> = (0..50).map(|seq| svnic(3, 1, seq, 60)).collect();
+    send_all(&mut tx, &burst, None);
+    sleep(Duration::from_millis(50));
+    let kept = collect(&mut rx, test_mac(1), slots);
+    assert!(kept.len() <= slots, "{} frames kept", kept.len());
+    // The ring kept the oldest frames, in order, and the kernel counted the rest as drops.
+    assert_eq!(kept[..], burst[..kept.len()]);
+    let drops = rx.stats().rx_kernel_drops;
+    assert!(drops >= (burst.len() - slots) as u64, "{drops} drops");
+    // With its slots back, the ring receives again.
+    let after = svnic(3, 1, 99, 60);
+    send_all(&mut tx, std::slice::from_ref(&after), None);
+    assert_eq!(collect(&mut rx, test_mac(1), 1), vec![after]);
+}

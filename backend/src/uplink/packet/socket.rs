@@ -191,7 +191,9 @@ impl PacketSocket {
     /// program's result modulo the members present, and until the first join has installed
     /// the program every frame goes to member 0. All members must be bound to the same
     /// interface. Closing a member moves the last member into its index: a group that lost
-    /// a member is rebuilt (every socket closed and reopened) rather than patched.
+    /// a member is rebuilt (every socket closed and reopened) rather than patched. Group ids
+    /// are shared by every process of the network namespace: joining another program's group
+    /// of a different kind fails (EINVAL), so pick an id no one else uses.
     pub fn join_fanout(&self, group_id: u16, workers: u16) -> Result<(), PacketError> {
         if workers == 0 {
             return Err(PacketError::NoWorkers);
