@@ -41,7 +41,7 @@ use thiserror::Error;
 pub use socket::PacketSocket;
 pub use steering::{steered_worker, steering_program, worker_of_endpoint};
 
-/// Ring sizes of a [`PacketSocket`].
+/// Ring sizes of a [`PacketSocket`]. Each ring takes at most 1 GiB.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PacketConfig {
     /// Bytes per ring slot, kernel header included (a multiple of 16). None: the smallest

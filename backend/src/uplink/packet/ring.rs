@@ -53,28 +53,27 @@ impl RingLayout {
             return None;
         }
         let target = frames.min(FRAMES_PER_BLOCK_TARGET);
-        let block_size = frame_size.checked_mul(target)?.div_ceil(page_size) * page_size;
+        let block_size = frame_size
+            .checked_mul(target)?
+            .div_ceil(page_size)
+            .checked_mul(page_size)?;
         let frames_per_block = block_size / frame_size;
         let blocks = frames.div_ceil(frames_per_block);
-        let layout = RingLayout {
+        // Every product `frames()` and `bytes()` compute is checked here, once.
+        u32::try_from(blocks.checked_mul(frames_per_block)?).ok()?;
+        u32::try_from(block_size).ok()?;
+        blocks.checked_mul(block_size)?;
+        Some(RingLayout {
             frame_size,
             block_size,
             blocks,
             frames_per_block,
-        };
-        u32::try_from(layout.frames()).ok()?;
-        u32::try_from(layout.block_size).ok()?;
-        layout.bytes_checked()?;
-        Some(layout)
+        })
     }
 
     /// Number of slots.
     pub fn frames(&self) -> usize {
         self.blocks * self.frames_per_block
-    }
-
-    fn bytes_checked(&self) -> Option<usize> {
-        self.blocks.checked_mul(self.block_size)
     }
 
     /// Bytes the ring takes in the mapping.

@@ -8,6 +8,8 @@ use super::ring::{self, Ring, RingLayout, RingMapping, RxHeader, ETH_HLEN, RX_FR
 use super::steering::steering_program;
 use super::{sys, PacketConfig, PacketError, PacketStats, MAX_RING_FRAMES};
 
+/// Upper bound of one ring's memory.
+const MAX_RING_BYTES: usize = 1 << 30;
 /// Length of a VLAN tag (TPID + TCI).
 const VLAN_HLEN: usize = 4;
 /// The TPID of a tag whose TPID the kernel did not record (802.1Q).
@@ -123,11 +125,13 @@ impl PacketSocket {
             Some(size) => size,
         };
         let layout = |field: &'static str, frames: usize| {
-            RingLayout::new(frame_size, frames, page_size()).ok_or(PacketError::Config {
-                field,
-                value: frames,
-                rule: "makes a ring larger than the kernel accepts",
-            })
+            RingLayout::new(frame_size, frames, page_size())
+                .filter(|l| l.bytes() <= MAX_RING_BYTES)
+                .ok_or(PacketError::Config {
+                    field,
+                    value: frames,
+                    rule: "makes a ring over 1 GiB with this frame size",
+                })
         };
         let rx_layout = layout("rx_frames", cfg.rx_frames)?;
         let tx_layout = layout("tx_frames", cfg.tx_frames)?;
