@@ -24,6 +24,7 @@ pub mod guest_tool;
 pub mod hub_device;
 pub mod libfabric;
 pub mod logs;
+pub mod netns;
 pub mod polite_pair;
 pub mod pool_fixture;
 pub mod raw_frontend;
