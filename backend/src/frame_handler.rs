@@ -141,7 +141,10 @@ impl FrameHandler {
         match frame.body {
             FrameBody::ControlRequest(req) => self.request(port, frame.src, req),
             FrameBody::Doorbell { channel } => self.doorbell(port, channel),
-            FrameBody::ControlResponse(_) | FrameBody::Wake { .. } | FrameBody::Data(_) => {
+            FrameBody::ControlResponse(_)
+            | FrameBody::Wake { .. }
+            | FrameBody::Data(_)
+            | FrameBody::Ack(_) => {
                 self.drop_frame(port, "engine-to-guest or uplink frame sent by a guest")
             }
         }

@@ -7,7 +7,8 @@
 //!      6     6  source MAC
 //!     12     2  EtherType 0x88B5, big-endian (the only big-endian field)
 //!     14     1  version (1)
-//!     15     1  frame type: 1 control request, 2 control response, 3 data, 4 doorbell, 5 wake
+//!     15     1  frame type: 1 control request, 2 control response, 3 data, 4 doorbell, 5 wake,
+//!                 6 ack
 //!     16     2  flags, must be 0
 //!     18     -  body (little-endian), by type
 //! ```
@@ -17,6 +18,9 @@
 //! payload bytes for a data frame) or that is longer only by Ethernet padding: up to
 //! [`MIN_FRAME_LEN`] bytes in all. Padding bytes are ignored whatever their value; any other
 //! trailing byte is an error.
+//!
+//! Data and ack frames travel only between engines over an uplink; docs/wire.md describes the
+//! protocol they carry.
 //!
 //! Decoding validates everything with checked arithmetic and returns a [`DecodeError`]; it never
 //! panics and never reads past the buffer. Encoding runs the same checks first, so whatever
@@ -39,7 +43,7 @@ use wire::{off, svnic_header, Reader};
 
 use crate::error::DecodeError;
 use crate::message::{FLAG_COMPLETE, FLAG_WANT_COMPLETION, INLINE_CAPACITY};
-use crate::status::{wire_enum, FailureReason};
+use crate::status::{wire_enum, CompletionStatus, FailureReason};
 use crate::types::{ChannelAddr, ChannelId, EndpointId, MacAddr};
 
 /// The svnic EtherType (IEEE 802 local experimental 1).
@@ -59,7 +63,12 @@ pub const CONTROL_REQUEST_LEN: usize = 40;
 /// Body length of a control response.
 pub const CONTROL_RESPONSE_LEN: usize = 20;
 /// Body length of a data frame before its payload.
-pub const DATA_HEADER_LEN: usize = 32;
+pub const DATA_HEADER_LEN: usize = 40;
+/// Body length of an ack frame.
+pub const ACK_LEN: usize = 24;
+/// Offset of a data or ack frame's `dst_endpoint` in the frame (body offset 4): a packet-fanout
+/// program steers frames to workers by this field, so it never moves.
+pub const DST_ENDPOINT_OFFSET: usize = BODY_OFFSET + 4;
 /// Body length of a doorbell or a wake.
 pub const NOTIFY_LEN: usize = 4;
 /// Largest message that may cross an uplink (the `total_len` of a data frame): 1 MiB.
@@ -71,7 +80,7 @@ pub const NOTIFY_LEN: usize = 4;
 pub const MAX_DATA_LEN: u32 = 1 << 20;
 /// Default MTU (Ethernet payload size, excluding the 14-byte Ethernet header).
 pub const DEFAULT_MTU: usize = 1500;
-/// Smallest MTU [`fragment`] accepts (the IPv4 minimum, RFC 791): 32 payload bytes per fragment.
+/// Smallest MTU [`fragment`] accepts (the IPv4 minimum, RFC 791): 24 payload bytes per fragment.
 pub const MIN_MTU: usize = 68;
 
 wire_enum! {
@@ -87,6 +96,8 @@ wire_enum! {
         Doorbell = 4 => "doorbell",
         /// Engine -> guest: new messages in an RX ring while the guest sleeps.
         Wake = 5 => "wake",
+        /// Engine -> engine over an uplink: acknowledgement, reject or reset of a session.
+        Ack = 6 => "ack",
     }
 }
 
@@ -98,6 +109,7 @@ impl FrameType {
             FrameType::ControlResponse => CONTROL_RESPONSE_LEN,
             FrameType::Data => DATA_HEADER_LEN,
             FrameType::Doorbell | FrameType::Wake => NOTIFY_LEN,
+            FrameType::Ack => ACK_LEN,
         }
     }
 
@@ -108,6 +120,7 @@ impl FrameType {
             FrameType::Data => "data frame",
             FrameType::Doorbell => "doorbell",
             FrameType::Wake => "wake",
+            FrameType::Ack => "ack frame",
         }
     }
 }
@@ -143,6 +156,8 @@ pub enum FrameBody<'a> {
         /// The channel.
         channel: ChannelId,
     },
+    /// Engine -> engine: acknowledgement, reject or reset of a session of data frames.
+    Ack(AckFrame),
 }
 
 impl FrameBody<'_> {
@@ -154,6 +169,7 @@ impl FrameBody<'_> {
             FrameBody::Data(_) => FrameType::Data,
             FrameBody::Doorbell { .. } => FrameType::Doorbell,
             FrameBody::Wake { .. } => FrameType::Wake,
+            FrameBody::Ack(_) => FrameType::Ack,
         }
     }
 }
@@ -328,11 +344,15 @@ pub struct MessageHeader {
 ///
 /// The fragment's bytes are `payload`, at `frag_offset` within the message of `total_len` bytes.
 /// Fragments of one message share (source MAC, `src_endpoint`, `message_id`) and every other
-/// header field.
+/// header field; `session` and `seq` place the frame in the sender's stream (docs/wire.md).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct DataFrame<'a> {
     /// The message's header.
     pub header: MessageHeader,
+    /// The sender's session id for (source channel, destination channel).
+    pub session: u32,
+    /// Sequence number of this frame in the session (wraps; serial-number arithmetic).
+    pub seq: u32,
     /// Length of the whole message.
     pub total_len: u32,
     /// Offset of this fragment in the message.
@@ -379,6 +399,58 @@ impl DataFrame<'_> {
     }
 }
 
+/// What an ack frame says about a session (docs/wire.md).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum AckKind {
+    /// Every frame before `ack` was processed (status 0, `message_id` 0 on the wire).
+    Cumulative {
+        /// The next sequence number the receiver expects.
+        ack: u32,
+    },
+    /// Every frame before `ack` was processed, and message `message_id`, whose first frame is
+    /// `ack`, failed with `status` (never [`CompletionStatus::Ok`]).
+    Reject {
+        /// Sequence number of the rejected message's first frame.
+        ack: u32,
+        /// The rejected message.
+        message_id: u32,
+        /// Why it failed.
+        status: CompletionStatus,
+    },
+    /// The receiver holds no state for this session (flag bit 0; every other field 0).
+    Reset,
+}
+
+/// An acknowledgement from the receiving channel's engine back to the sending channel's engine.
+/// The frame's source MAC is the receiving channel's MAC, its destination MAC the sender's.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct AckFrame {
+    /// The receiving channel's endpoint (the one that sends this ack).
+    pub src_endpoint: EndpointId,
+    /// The sending channel's endpoint (the one this ack is for).
+    pub dst_endpoint: EndpointId,
+    /// The session acknowledged.
+    pub session: u32,
+    /// What the receiver says.
+    pub kind: AckKind,
+}
+
+impl AckFrame {
+    /// Checks what the decoder checks: a reject's status is not [`CompletionStatus::Ok`].
+    pub fn validate(&self) -> Result<(), DecodeError> {
+        match self.kind {
+            AckKind::Reject {
+                status: CompletionStatus::Ok,
+                ..
+            } => Err(DecodeError::UnknownCode {
+                what: "ack status (a reject needs a status other than Ok)",
+                code: 0,
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
 impl ControlResponse {
     /// Checks what the decoder checks: a Success CPU must fit in an `i32`.
     pub fn validate(&self) -> Result<(), DecodeError> {
@@ -401,6 +473,7 @@ impl<'a> Frame<'a> {
         match &self.body {
             FrameBody::ControlResponse(r) => r.validate(),
             FrameBody::Data(d) => d.validate(),
+            FrameBody::Ack(a) => a.validate(),
             FrameBody::ControlRequest(_) | FrameBody::Doorbell { .. } | FrameBody::Wake { .. } => {
                 Ok(())
             }

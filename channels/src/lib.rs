@@ -24,8 +24,8 @@ pub mod types;
 
 pub use error::{DecodeError, LayoutError, ParseError, RingError};
 pub use frame::{
-    DataFrame, DataKind, DataMessage, Frame, FrameBody, MessageHeader, PushOutcome,
-    ReassembledMessage, Reassembler, ReassemblyLimits,
+    AckFrame, AckKind, DataFrame, DataKind, DataMessage, Frame, FrameBody, MessageHeader,
+    PushOutcome, ReassembledMessage, Reassembler, ReassemblyLimits,
 };
 pub use layout::ChannelLayout;
 pub use message::{Completion, DataRef, DmaData, Message, PostBuffer, RawMessage, UserData};

@@ -83,6 +83,8 @@ wire_enum! {
         BadPostBuffer = 9 => "posted receive buffer refused",
         /// The message could not be sent on the uplink (too large, or the uplink is down).
         UplinkError = 10 => "uplink error",
+        /// The peer engine did not acknowledge within the peer timeout (docs/wire.md).
+        PeerUnreachable = 11 => "peer engine did not acknowledge within the peer timeout",
     }
 }
 
@@ -154,6 +156,11 @@ mod tests {
             assert_eq!(FaultReason::from_code(r.code()).unwrap(), *r);
         }
         assert!(CompletionStatus::from_code(999).is_err());
+        assert_eq!(
+            CompletionStatus::from_code(11),
+            Ok(CompletionStatus::PeerUnreachable)
+        );
+        assert!(CompletionStatus::from_code(12).is_err());
         assert!(FailureReason::from_code(0).is_err());
         // The highest code is the last one added; the next is unknown until it is defined.
         assert_eq!(FailureReason::from_code(16), Ok(FailureReason::RateLimited));

@@ -11,8 +11,8 @@ use std::fs;
 use std::path::Path;
 
 use svnic_channels::frame::{
-    fragment, ControlOp, ControlRequest, ControlResponse, ControlStatus, CreateRequest, DataKind,
-    DataMessage, Frame, FrameBody, MessageHeader, DEFAULT_MTU, MIN_MTU,
+    fragment, AckFrame, AckKind, ControlOp, ControlRequest, ControlResponse, ControlStatus,
+    CreateRequest, DataKind, DataMessage, Frame, FrameBody, MessageHeader, DEFAULT_MTU, MIN_MTU,
 };
 use svnic_channels::message::{FLAG_COMPLETE, FLAG_WANT_COMPLETION};
 use svnic_channels::{
@@ -102,6 +102,16 @@ fn control_frames() -> Vec<(&'static str, Frame<'static>)> {
         src: ENGINE,
         body,
     };
+    let ack = |kind| Frame {
+        dst: REMOTE,
+        src: ENGINE,
+        body: FrameBody::Ack(AckFrame {
+            src_endpoint: 9,
+            dst_endpoint: 7,
+            session: 0x5e55,
+            kind,
+        }),
+    };
     let response = |status| {
         to_guest(FrameBody::ControlResponse(ControlResponse {
             request_id: 1,
@@ -164,6 +174,16 @@ fn control_frames() -> Vec<(&'static str, Frame<'static>)> {
                 channel: ChannelId(3),
             }),
         ),
+        ("ack", ack(AckKind::Cumulative { ack: 3 })),
+        (
+            "ack-reject",
+            ack(AckKind::Reject {
+                ack: 3,
+                message_id: 2,
+                status: CompletionStatus::NoBuffer,
+            }),
+        ),
+        ("ack-reset", ack(AckKind::Reset)),
     ]
 }
 
@@ -177,6 +197,8 @@ fn message_to_send(payload: &[u8], id: u32, kind: DataKind) -> DataMessage<'_> {
             message_id: id,
             cookie: 0x5eed_0000 + u64::from(id),
         },
+        session: 0x5e55,
+        first_seq: 0,
         payload,
     }
 }

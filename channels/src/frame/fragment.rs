@@ -1,6 +1,6 @@
 //! Splitting a message into data frames that fit an MTU.
 
-use super::{DataFrame, Frame, FrameBody, MessageHeader, BODY_OFFSET, DATA_HEADER_LEN, MIN_MTU};
+use super::{DataFrame, Frame, FrameBody, MessageHeader, DATA_HEADER_LEN, MIN_MTU};
 use crate::error::DecodeError;
 use crate::types::MacAddr;
 
@@ -9,6 +9,10 @@ use crate::types::MacAddr;
 pub struct DataMessage<'a> {
     /// The header each fragment carries.
     pub header: MessageHeader,
+    /// The session every fragment carries.
+    pub session: u32,
+    /// Sequence number of the first fragment; the next ones follow consecutively (wrapping).
+    pub first_seq: u32,
     /// The whole message.
     pub payload: &'a [u8],
 }
@@ -23,7 +27,7 @@ impl<'a> DataMessage<'a> {
                 need: MIN_MTU,
             });
         }
-        let headers = BODY_OFFSET + DATA_HEADER_LEN - super::ETH_HEADER_LEN;
+        let headers = super::SVNIC_HEADER_LEN + DATA_HEADER_LEN;
         Ok((mtu - headers).min(usize::from(u16::MAX)))
     }
 
@@ -39,6 +43,7 @@ impl<'a> DataMessage<'a> {
             msg: *self,
             chunk,
             offset: 0,
+            seq: self.first_seq,
             done: false,
         })
     }
@@ -50,6 +55,7 @@ pub struct Fragments<'a> {
     msg: DataMessage<'a>,
     chunk: usize,
     offset: usize,
+    seq: u32,
     done: bool,
 }
 
@@ -65,11 +71,14 @@ impl<'a> Iterator for Fragments<'a> {
         // fragments() checked the length against the kind's maximum, which fits in a u32.
         let frame = DataFrame {
             header: self.msg.header,
+            session: self.msg.session,
+            seq: self.seq,
             total_len: u32::try_from(self.msg.payload.len()).ok()?,
             frag_offset: u32::try_from(self.offset).ok()?,
             payload,
         };
         self.offset += payload.len();
+        self.seq = self.seq.wrapping_add(1);
         self.done = self.offset >= self.msg.payload.len();
         Some(frame)
     }

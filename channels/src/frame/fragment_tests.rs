@@ -17,6 +17,8 @@ fn message(payload: &[u8], kind: DataKind) -> DataMessage<'_> {
             message_id: 1,
             cookie: 77,
         },
+        session: 0x5e55,
+        first_seq: u32::MAX - 1,
         payload,
     }
 }
@@ -50,6 +52,14 @@ fn fragment_respects_the_mtu_and_the_limits() {
     assert_eq!(frames.len(), 4);
     assert!(frames.iter().all(|f| f.len() <= 1500 + ETH_HEADER_LEN));
     assert_eq!(frames[0].len(), 1514);
+    assert_eq!(DataMessage::fragment_capacity(1500), Ok(1456));
+    // Fragments carry the session and consecutive sequence numbers, wrapping past u32::MAX.
+    for (i, f) in frames.iter().enumerate() {
+        let (_, d) = data_of(f);
+        assert_eq!(d.session, 0x5e55);
+        assert_eq!(d.seq, (u32::MAX - 1).wrapping_add(i as u32));
+        assert_eq!(d.frag_offset as usize, i * 1456);
+    }
 
     assert_eq!(
         DataMessage::fragment_capacity(MIN_MTU - 1),
@@ -59,7 +69,7 @@ fn fragment_respects_the_mtu_and_the_limits() {
             need: MIN_MTU
         })
     );
-    assert_eq!(DataMessage::fragment_capacity(MIN_MTU), Ok(32));
+    assert_eq!(DataMessage::fragment_capacity(MIN_MTU), Ok(24));
     assert_eq!(DataMessage::fragment_capacity(1 << 20), Ok(65535));
     let big = vec![0u8; MAX_DATA_LEN as usize + 1];
     assert!(matches!(

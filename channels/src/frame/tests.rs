@@ -55,10 +55,21 @@ fn data(payload: &[u8]) -> DataFrame<'_> {
             message_id: 99,
             cookie: 0xc0ffee,
         },
+        session: 0x5e55,
+        seq: 41,
         total_len: payload.len() as u32 + 10,
         frag_offset: 10,
         payload,
     }
+}
+
+fn ack(kind: AckKind) -> FrameBody<'static> {
+    FrameBody::Ack(AckFrame {
+        src_endpoint: 2,
+        dst_endpoint: 1,
+        session: 0x5e55,
+        kind,
+    })
 }
 
 fn enc(f: &Frame<'_>) -> Vec<u8> {
@@ -110,13 +121,47 @@ fn encodings_have_the_documented_bytes() {
     let b = enc(&frame(FrameBody::Data(data(&payload))));
     assert_eq!(b.len(), BODY_OFFSET + DATA_HEADER_LEN + 100);
     assert_eq!(b[15], 3);
-    assert_eq!(b[body_at(8)], 2);
-    assert_eq!(&b[body_at(10)..body_at(14)], &99u32.to_le_bytes());
-    assert_eq!(&b[body_at(14)..body_at(18)], &110u32.to_le_bytes());
-    assert_eq!(&b[body_at(18)..body_at(22)], &10u32.to_le_bytes());
-    assert_eq!(&b[body_at(22)..body_at(24)], &100u16.to_le_bytes());
-    assert_eq!(&b[body_at(24)..body_at(32)], &0xc0ffeeu64.to_le_bytes());
-    assert_eq!(&b[body_at(32)..], &payload);
+    assert_eq!(&b[body_at(0)..body_at(4)], &1u32.to_le_bytes());
+    assert_eq!(&b[body_at(4)..body_at(8)], &2u32.to_le_bytes());
+    assert_eq!(
+        &b[DST_ENDPOINT_OFFSET..DST_ENDPOINT_OFFSET + 4],
+        &2u32.to_le_bytes()
+    );
+    assert_eq!(&b[body_at(8)..body_at(12)], &0x5e55u32.to_le_bytes());
+    assert_eq!(&b[body_at(12)..body_at(16)], &41u32.to_le_bytes());
+    assert_eq!(&b[body_at(16)..body_at(20)], &99u32.to_le_bytes());
+    assert_eq!(&b[body_at(20)..body_at(24)], &110u32.to_le_bytes());
+    assert_eq!(&b[body_at(24)..body_at(28)], &10u32.to_le_bytes());
+    assert_eq!(&b[body_at(28)..body_at(30)], &100u16.to_le_bytes());
+    assert_eq!(b[body_at(30)], 2);
+    assert_eq!(b[body_at(31)], 0);
+    assert_eq!(&b[body_at(32)..body_at(40)], &0xc0ffeeu64.to_le_bytes());
+    assert_eq!(&b[body_at(40)..], &payload);
+
+    let b = enc(&frame(ack(AckKind::Reject {
+        ack: 0x01020304,
+        message_id: 77,
+        status: CompletionStatus::NoBuffer,
+    })));
+    assert_eq!(b.len(), MIN_FRAME_LEN);
+    assert_eq!(b[15], 6);
+    assert_eq!(&b[body_at(0)..body_at(4)], &2u32.to_le_bytes());
+    assert_eq!(
+        &b[DST_ENDPOINT_OFFSET..DST_ENDPOINT_OFFSET + 4],
+        &1u32.to_le_bytes()
+    );
+    assert_eq!(&b[body_at(8)..body_at(12)], &0x5e55u32.to_le_bytes());
+    assert_eq!(&b[body_at(12)..body_at(16)], &[4, 3, 2, 1]);
+    assert_eq!(&b[body_at(16)..body_at(20)], &77u32.to_le_bytes());
+    assert_eq!(&b[body_at(20)..body_at(22)], &3u16.to_le_bytes());
+    assert_eq!(&b[body_at(22)..body_at(24)], &[0, 0]);
+    assert!(b[body_at(24)..].iter().all(|x| *x == 0));
+    let b = enc(&frame(ack(AckKind::Reset)));
+    assert_eq!(&b[body_at(12)..body_at(22)], &[0; 10]);
+    assert_eq!(&b[body_at(22)..body_at(24)], &[1, 0]);
+    let b = enc(&frame(ack(AckKind::Cumulative { ack: 9 })));
+    assert_eq!(&b[body_at(12)..body_at(16)], &9u32.to_le_bytes());
+    assert_eq!(&b[body_at(16)..body_at(24)], &[0; 8]);
 
     let b = enc(&frame(FrameBody::Wake {
         channel: ChannelId(0x01020304),
@@ -134,6 +179,7 @@ fn every_fixed_body_fits_in_a_minimum_frame() {
         FrameType::ControlResponse,
         FrameType::Doorbell,
         FrameType::Wake,
+        FrameType::Ack,
     ] {
         assert!(BODY_OFFSET + t.body_len() <= MIN_FRAME_LEN, "{t:?}");
     }
@@ -153,11 +199,11 @@ fn decode_accepts_unpadded_and_garbage_padded_frames() {
     assert_eq!(Frame::decode(&g), Ok(f));
 
     // A short data frame, padded: frag_len says where the payload ends.
-    let payload = [1u8, 2, 3];
+    let payload = [1u8];
     let f = frame(FrameBody::Data(data(&payload)));
     let mut b = enc(&f);
     assert_eq!(b.len(), MIN_FRAME_LEN);
-    b[BODY_OFFSET + DATA_HEADER_LEN + 3..].fill(0xff);
+    b[BODY_OFFSET + DATA_HEADER_LEN + 1..].fill(0xff);
     match Frame::decode(&b).unwrap().body {
         FrameBody::Data(d) => assert_eq!(d.payload, &payload),
         other => panic!("{other:?}"),
@@ -203,6 +249,7 @@ fn truncated_bodies_are_refused() {
         frame(FrameBody::Wake {
             channel: ChannelId(1),
         }),
+        frame(ack(AckKind::Cumulative { ack: 3 })),
     ] {
         let b = enc(&f);
         let need = BODY_OFFSET + f.body.frame_type().body_len();
@@ -248,7 +295,7 @@ fn unknown_version_type_and_flags_are_refused() {
     let mut v = b.clone();
     v[14] = 2;
     assert!(matches!(Frame::decode(&v), Err(DecodeError::NotSvnic(_))));
-    for t in [0, 6, 255] {
+    for t in [0, 7, 255] {
         let mut v = b.clone();
         v[15] = t;
         assert!(matches!(
@@ -415,7 +462,7 @@ fn data_frame_errors() {
 
     for k in [0, 3] {
         assert!(matches!(
-            decode_with(&b, 8, &[k]),
+            decode_with(&b, 30, &[k]),
             Err(DecodeError::UnknownCode {
                 what: "data message kind",
                 ..
@@ -425,21 +472,21 @@ fn data_frame_errors() {
     // WANT_COMPLETION is not a DMA-data flag; unknown bits never are.
     for f in [FLAG_WANT_COMPLETION, 0x80] {
         assert!(matches!(
-            decode_with(&b, 9, &[f]),
+            decode_with(&b, 31, &[f]),
             Err(DecodeError::BadFlags { .. })
         ));
     }
     // total_len above the kind's maximum.
     let mut v = b.clone();
-    put32(&mut v, 14, MAX_DATA_LEN + 1);
+    put32(&mut v, 20, MAX_DATA_LEN + 1);
     assert!(matches!(
         Frame::decode(&v),
         Err(DecodeError::BadLength { .. })
     ));
     let mut v = b.clone();
-    v[body_at(8)] = DataKind::UserData.code();
-    put32(&mut v, 14, INLINE_CAPACITY as u32 + 1);
-    put32(&mut v, 18, 0);
+    v[body_at(30)] = DataKind::UserData.code();
+    put32(&mut v, 20, INLINE_CAPACITY as u32 + 1);
+    put32(&mut v, 24, 0);
     assert!(matches!(
         Frame::decode(&v),
         Err(DecodeError::BadLength { .. })
@@ -447,7 +494,7 @@ fn data_frame_errors() {
     // frag_offset + frag_len past total_len, including a u32 overflow.
     for off in [11, u32::MAX] {
         let mut v = b.clone();
-        put32(&mut v, 18, off);
+        put32(&mut v, 24, off);
         assert!(matches!(
             Frame::decode(&v),
             Err(DecodeError::BadLength { .. })
@@ -465,6 +512,68 @@ fn data_frame_errors() {
         frame(FrameBody::Data(d)).encode(),
         Err(DecodeError::BadLength { .. })
     ));
+}
+
+#[test]
+fn ack_frame_errors() {
+    let cumulative = enc(&frame(ack(AckKind::Cumulative { ack: 5 })));
+    let reset = enc(&frame(ack(AckKind::Reset)));
+    // Flag bits other than RESET, with or without RESET.
+    for flags in [2u16, 0x8000, 3] {
+        for b in [&cumulative, &reset] {
+            assert!(matches!(
+                decode_with(b, 22, &flags.to_le_bytes()),
+                Err(DecodeError::ReservedNotZero {
+                    what: "ack flags (bits other than RESET)"
+                })
+            ));
+        }
+    }
+    // A RESET says nothing else.
+    for (at, bytes) in [(12, &[1u8][..]), (16, &[1]), (20, &[3])] {
+        assert!(matches!(
+            decode_with(&reset, at, bytes),
+            Err(DecodeError::ReservedNotZero {
+                what: "ack, message_id and status of a RESET ack"
+            })
+        ));
+    }
+    // A plain cumulative ack names no message.
+    assert!(matches!(
+        decode_with(&cumulative, 16, &[1]),
+        Err(DecodeError::ReservedNotZero {
+            what: "message_id of a cumulative ack (status 0)"
+        })
+    ));
+    // A reject needs a known status, and the encoder refuses a reject with status Ok.
+    assert!(matches!(
+        decode_with(&cumulative, 20, &999u16.to_le_bytes()),
+        Err(DecodeError::UnknownCode {
+            what: "CompletionStatus",
+            ..
+        })
+    ));
+    let ok_reject = frame(ack(AckKind::Reject {
+        ack: 1,
+        message_id: 2,
+        status: CompletionStatus::Ok,
+    }));
+    assert!(matches!(
+        ok_reject.encode(),
+        Err(DecodeError::UnknownCode { code: 0, .. })
+    ));
+    // With status set, the same bytes are a reject.
+    let mut v = cumulative.clone();
+    v[body_at(16)] = 8;
+    v[body_at(20)] = CompletionStatus::RingFull.code() as u8;
+    assert_eq!(
+        Frame::decode(&v).map(|f| f.body),
+        Ok(ack(AckKind::Reject {
+            ack: 5,
+            message_id: 8,
+            status: CompletionStatus::RingFull
+        }))
+    );
 }
 
 #[test]
@@ -537,7 +646,29 @@ fn control_body() -> impl Strategy<Value = FrameBody<'static>> {
             FrameBody::Wake { channel }
         }
     });
-    prop_oneof![create, destroy, response, notify]
+    let ack_kind = prop_oneof![
+        any::<u32>().prop_map(|ack| AckKind::Cumulative { ack }),
+        (
+            any::<u32>(),
+            any::<u32>(),
+            proptest::sample::select(&CompletionStatus::ALL[1..])
+        )
+            .prop_map(|(ack, message_id, status)| AckKind::Reject {
+                ack,
+                message_id,
+                status
+            }),
+        Just(AckKind::Reset),
+    ];
+    let ack = (any::<(u32, u32, u32)>(), ack_kind).prop_map(|((s, d, session), kind)| {
+        FrameBody::Ack(AckFrame {
+            src_endpoint: s,
+            dst_endpoint: d,
+            session,
+            kind,
+        })
+    });
+    prop_oneof![create, destroy, response, notify, ack]
 }
 
 /// A valid data frame (with an empty placeholder payload) and its payload.
@@ -558,10 +689,19 @@ fn data_parts() -> impl Strategy<Value = (DataFrame<'static>, Vec<u8>)> {
                 proptest::collection::vec(any::<u8>(), len as usize),
                 (0..=kind.allowed_flags()).prop_map(move |f| f & kind.allowed_flags()),
                 any::<(u32, u32, u32, u64)>(),
+                any::<(u32, u32)>(),
             )
         })
         .prop_map(
-            |(kind, total_len, frag_offset, payload, msg_flags, (s, d, id, cookie))| {
+            |(
+                kind,
+                total_len,
+                frag_offset,
+                payload,
+                msg_flags,
+                (s, d, id, cookie),
+                (session, seq),
+            )| {
                 (
                     DataFrame {
                         header: MessageHeader {
@@ -572,6 +712,8 @@ fn data_parts() -> impl Strategy<Value = (DataFrame<'static>, Vec<u8>)> {
                             message_id: id,
                             cookie,
                         },
+                        session,
+                        seq,
                         total_len,
                         frag_offset,
                         payload: &[],

@@ -2,12 +2,12 @@
 //! docs/abi.md section 7 has the same tables.
 
 use super::{
-    ControlOp, ControlRequest, ControlResponse, ControlStatus, CreateRequest, DataFrame, DataKind,
-    FrameBody, FrameType, MessageHeader, BODY_OFFSET, CONTROL_REQUEST_LEN, DATA_HEADER_LEN,
-    ETHERTYPE, ETH_HEADER_LEN, FRAME_VERSION,
+    AckFrame, AckKind, ControlOp, ControlRequest, ControlResponse, ControlStatus, CreateRequest,
+    DataFrame, DataKind, FrameBody, FrameType, MessageHeader, BODY_OFFSET, CONTROL_REQUEST_LEN,
+    DATA_HEADER_LEN, ETHERTYPE, ETH_HEADER_LEN, FRAME_VERSION,
 };
 use crate::error::DecodeError;
-use crate::status::FailureReason;
+use crate::status::{CompletionStatus, FailureReason};
 use crate::types::{ChannelId, MacAddr};
 
 // Body field offsets (from BODY_OFFSET). docs/abi.md has the same tables.
@@ -32,13 +32,23 @@ pub(super) mod off {
 
     pub const DATA_SRC_EP: usize = 0;
     pub const DATA_DST_EP: usize = 4;
-    pub const DATA_KIND: usize = 8;
-    pub const DATA_FLAGS: usize = 9;
-    pub const DATA_MSG_ID: usize = 10;
-    pub const DATA_TOTAL: usize = 14;
-    pub const DATA_FRAG_OFF: usize = 18;
-    pub const DATA_FRAG_LEN: usize = 22;
-    pub const DATA_COOKIE: usize = 24;
+    pub const DATA_SESSION: usize = 8;
+    pub const DATA_SEQ: usize = 12;
+    pub const DATA_MSG_ID: usize = 16;
+    pub const DATA_TOTAL: usize = 20;
+    pub const DATA_FRAG_OFF: usize = 24;
+    pub const DATA_FRAG_LEN: usize = 28;
+    pub const DATA_KIND: usize = 30;
+    pub const DATA_FLAGS: usize = 31;
+    pub const DATA_COOKIE: usize = 32;
+
+    pub const ACK_SRC_EP: usize = 0;
+    pub const ACK_DST_EP: usize = 4;
+    pub const ACK_SESSION: usize = 8;
+    pub const ACK_ACK: usize = 12;
+    pub const ACK_MSG_ID: usize = 16;
+    pub const ACK_STATUS: usize = 20;
+    pub const ACK_FLAGS: usize = 22;
 
     pub const NOTIFY_CHANNEL: usize = 0;
 }
@@ -50,6 +60,9 @@ const STATUS_PENDING: u8 = 1;
 const STATUS_SUCCESS: u8 = 2;
 const STATUS_FAILURE: u8 = 3;
 const STATUS_DESTROYED: u8 = 4;
+
+/// Ack flag bit 0: the receiver holds no state for the session.
+const ACK_FLAG_RESET: u16 = 1;
 
 /// Writes the fixed part of `body` into `out`, which is exactly `body_len()` zeroed bytes.
 pub(super) fn write_body(body: &FrameBody<'_>, out: &mut [u8]) {
@@ -94,6 +107,8 @@ pub(super) fn write_body(body: &FrameBody<'_>, out: &mut [u8]) {
             let h = &d.header;
             w.u32(off::DATA_SRC_EP, h.src_endpoint);
             w.u32(off::DATA_DST_EP, h.dst_endpoint);
+            w.u32(off::DATA_SESSION, d.session);
+            w.u32(off::DATA_SEQ, d.seq);
             w.u8(off::DATA_KIND, h.kind.code());
             w.u8(off::DATA_FLAGS, h.msg_flags);
             w.u32(off::DATA_MSG_ID, h.message_id);
@@ -105,6 +120,24 @@ pub(super) fn write_body(body: &FrameBody<'_>, out: &mut [u8]) {
         }
         FrameBody::Doorbell { channel } | FrameBody::Wake { channel } => {
             w.u32(off::NOTIFY_CHANNEL, channel.0);
+        }
+        FrameBody::Ack(a) => {
+            w.u32(off::ACK_SRC_EP, a.src_endpoint);
+            w.u32(off::ACK_DST_EP, a.dst_endpoint);
+            w.u32(off::ACK_SESSION, a.session);
+            match a.kind {
+                AckKind::Cumulative { ack } => w.u32(off::ACK_ACK, ack),
+                AckKind::Reject {
+                    ack,
+                    message_id,
+                    status,
+                } => {
+                    w.u32(off::ACK_ACK, ack);
+                    w.u32(off::ACK_MSG_ID, message_id);
+                    w.u16(off::ACK_STATUS, status.code());
+                }
+                AckKind::Reset => w.u16(off::ACK_FLAGS, ACK_FLAG_RESET),
+            }
         }
     }
 }
@@ -134,6 +167,7 @@ pub(super) fn decode_body<'a>(
             },
             0,
         ),
+        FrameType::Ack => (FrameBody::Ack(decode_ack(b)?), 0),
     };
     Ok((body, payload_len))
 }
@@ -272,6 +306,8 @@ fn decode_data<'a>(b: &Reader<'a>) -> Result<DataFrame<'a>, DecodeError> {
                 need: BODY_OFFSET + payload_end,
             })?;
     let d = DataFrame {
+        session: b.u32(off::DATA_SESSION, WHAT)?,
+        seq: b.u32(off::DATA_SEQ, WHAT)?,
         header: MessageHeader {
             src_endpoint: b.u32(off::DATA_SRC_EP, WHAT)?,
             dst_endpoint: b.u32(off::DATA_DST_EP, WHAT)?,
@@ -286,6 +322,46 @@ fn decode_data<'a>(b: &Reader<'a>) -> Result<DataFrame<'a>, DecodeError> {
     };
     d.validate()?;
     Ok(d)
+}
+
+fn decode_ack(b: &Reader<'_>) -> Result<AckFrame, DecodeError> {
+    const WHAT: &str = "ack frame";
+    let ack = b.u32(off::ACK_ACK, WHAT)?;
+    let message_id = b.u32(off::ACK_MSG_ID, WHAT)?;
+    let status = b.u16(off::ACK_STATUS, WHAT)?;
+    let flags = b.u16(off::ACK_FLAGS, WHAT)?;
+    if flags & !ACK_FLAG_RESET != 0 {
+        return Err(DecodeError::ReservedNotZero {
+            what: "ack flags (bits other than RESET)",
+        });
+    }
+    let kind = if flags & ACK_FLAG_RESET != 0 {
+        if ack != 0 || message_id != 0 || status != 0 {
+            return Err(DecodeError::ReservedNotZero {
+                what: "ack, message_id and status of a RESET ack",
+            });
+        }
+        AckKind::Reset
+    } else if status == CompletionStatus::Ok.code() {
+        if message_id != 0 {
+            return Err(DecodeError::ReservedNotZero {
+                what: "message_id of a cumulative ack (status 0)",
+            });
+        }
+        AckKind::Cumulative { ack }
+    } else {
+        AckKind::Reject {
+            ack,
+            message_id,
+            status: CompletionStatus::from_code(status)?,
+        }
+    };
+    Ok(AckFrame {
+        src_endpoint: b.u32(off::ACK_SRC_EP, WHAT)?,
+        dst_endpoint: b.u32(off::ACK_DST_EP, WHAT)?,
+        session: b.u32(off::ACK_SESSION, WHAT)?,
+        kind,
+    })
 }
 
 /// Bounds-checked little-endian reads from a byte slice; never panics.

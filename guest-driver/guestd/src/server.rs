@@ -383,7 +383,10 @@ impl Agent {
         match frame.body {
             FrameBody::ControlResponse(resp) => self.on_response(resp),
             FrameBody::Wake { channel } => self.on_wake(channel),
-            FrameBody::ControlRequest(_) | FrameBody::Data(_) | FrameBody::Doorbell { .. } => {
+            FrameBody::ControlRequest(_)
+            | FrameBody::Data(_)
+            | FrameBody::Ack(_)
+            | FrameBody::Doorbell { .. } => {
                 self.counters.ignored += 1;
             }
         }

@@ -22,7 +22,7 @@ pub fn send_error(status: CompletionStatus) -> Option<c_int> {
     use CompletionStatus::*;
     match status {
         Ok => None,
-        NoRoute => Some(FI_EHOSTUNREACH),
+        NoRoute | PeerUnreachable => Some(FI_EHOSTUNREACH),
         DestinationGone => Some(FI_ECONNRESET),
         NoBuffer | RingFull => Some(FI_ENORX),
         BufferTooSmall => Some(FI_EMSGSIZE),
@@ -51,7 +51,8 @@ pub fn send_outcome(status: CompletionStatus, delivery: Delivery) -> Option<c_in
     match (delivery, status) {
         (
             Delivery::UnderReliableLayer,
-            NoRoute | DestinationGone | NoBuffer | RingFull | DestinationFaulted | UplinkError,
+            NoRoute | DestinationGone | NoBuffer | RingFull | DestinationFaulted | UplinkError
+            | PeerUnreachable,
         ) => None,
         _ => send_error(status),
     }
@@ -74,6 +75,7 @@ pub fn prov_strerror(prov_errno: c_int) -> &'static CStr {
         8 => c"svnic: destination channel faulted",
         9 => c"svnic: posted receive buffer refused",
         10 => c"svnic: uplink error",
+        11 => c"svnic: peer engine did not acknowledge within the peer timeout",
         _ => c"svnic: unknown provider error",
     }
 }

@@ -189,7 +189,10 @@ impl Core {
                 self.wakes.insert(channel.0);
                 Ok(())
             }
-            FrameBody::ControlRequest(_) | FrameBody::Data(_) | FrameBody::Doorbell { .. } => {
+            FrameBody::ControlRequest(_)
+            | FrameBody::Data(_)
+            | FrameBody::Ack(_)
+            | FrameBody::Doorbell { .. } => {
                 self.stats.svnic_dropped += 1;
                 Ok(())
             }

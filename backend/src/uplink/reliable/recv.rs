@@ -1,0 +1,580 @@
+//! The receiving side: one [`RecvSession`] per (local channel, remote channel), in a bounded
+//! [`RecvTable`]. Frames are taken in order only, straight into the engine's placement (no
+//! buffering here). docs/wire.md ("Receiver") is the normative description.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use svnic_channels::frame::{AckKind, DataKind};
+use svnic_channels::{ChannelAddr, ChannelId, CompletionStatus};
+
+use super::{counters, seq_lt, DataHeader, OutgoingAck, ReliableConfig, SessionKey};
+
+counters! {
+    /// What a receive table took, dropped and refused.
+    RecvCounters {
+        /// Frames the engine placed.
+        frames_accepted,
+        /// Messages whose last frame the engine placed.
+        messages_delivered,
+        /// Frames already processed (dropped; an ack is due).
+        duplicates,
+        /// Frames ahead of the next expected one (dropped; an ack is due).
+        out_of_order,
+        /// Frames that do not continue their message or start a new one properly (dropped, not
+        /// acknowledged).
+        invalid,
+        /// First frames of a session this state saw before (stale duplicates, dropped).
+        stale_sessions,
+        /// Frames without state answered with RESET.
+        resets_sent,
+        /// First frames dropped because the table is full of live states.
+        table_full,
+        /// Messages rejected (the engine could not place them).
+        rejects,
+        /// Frames of a rejected message, answered with the reject again.
+        rejects_resent,
+        /// Partial messages given up (sender silent for the state lifetime, or a new session).
+        abandoned,
+        /// States dropped after the state lifetime without frames.
+        states_expired,
+    }
+}
+
+/// What to do with a data frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The next frame in order: place it, then call `accepted`, `blocked` or `rejected`. `first`:
+    /// it starts a message (create its placement); `last`: it ends it (publish).
+    Process {
+        /// The frame starts a message.
+        first: bool,
+        /// The frame ends its message.
+        last: bool,
+    },
+    /// Dropped and counted (an ack may be due).
+    Drop,
+    /// Dropped: no state for its session; answer [`AckKind::Reset`] for the frame's session.
+    Reset,
+}
+
+/// The outcome of [`RecvTable::blocked`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum Blocked<P> {
+    /// Keep the frame's message; the sender retransmits and the frame comes back.
+    Wait,
+    /// Blocked longer than the backpressure wait: the message is rejected; the placement of its
+    /// earlier frames, if any, is given back to be undone.
+    Rejected(Option<P>),
+}
+
+/// The stateless answer of an engine that has no channel at a data frame's destination
+/// endpoint: reject the frame's message `NoRoute` at the frame's sequence number.
+pub fn no_route(h: &DataHeader) -> AckKind {
+    AckKind::Reject {
+        ack: h.seq,
+        message_id: h.message_id,
+        status: CompletionStatus::NoRoute,
+    }
+}
+
+/// Session ids a state remembers besides its current one.
+const RECENT_SESSIONS: usize = 4;
+
+#[derive(Debug)]
+struct InProgress<P> {
+    message_id: u32,
+    kind: DataKind,
+    msg_flags: u8,
+    total_len: u32,
+    cookie: u64,
+    received: u32,
+    placement: Option<P>,
+}
+
+impl<P> InProgress<P> {
+    fn continued_by(&self, h: &DataHeader) -> bool {
+        self.message_id == h.message_id
+            && self.kind == h.kind
+            && self.msg_flags == h.msg_flags
+            && self.total_len == h.total_len
+            && self.cookie == h.cookie
+            && self.received == h.frag_offset
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct PendingReject {
+    seq: u32,
+    message_id: u32,
+    status: CompletionStatus,
+}
+
+/// The receiving state of one (local channel, remote channel) pair.
+#[derive(Debug)]
+pub struct RecvSession<P> {
+    session: u32,
+    expected: u32,
+    recent: [Option<u32>; RECENT_SESSIONS],
+    msg: Option<InProgress<P>>,
+    reject: Option<PendingReject>,
+    /// The last message completed or rejected: a new message's id must come after it.
+    last_done: Option<u32>,
+    /// (seq, message_id) of the frame being retried, since when.
+    blocked_since: Option<(u32, u32, Instant)>,
+    /// The frame handed out as [`Verdict::Process`], until the engine says what became of it.
+    current: Option<DataHeader>,
+    ack_due: bool,
+    ack_queued: bool,
+    last_frame: Instant,
+    backpressure_wait: Duration,
+    counters: RecvCounters,
+}
+
+impl<P> RecvSession<P> {
+    /// A state for session `session`, expecting its frame 0.
+    pub fn new(session: u32, backpressure_wait: Duration, now: Instant) -> RecvSession<P> {
+        RecvSession {
+            session,
+            expected: 0,
+            recent: [None; RECENT_SESSIONS],
+            msg: None,
+            reject: None,
+            last_done: None,
+            blocked_since: None,
+            current: None,
+            ack_due: false,
+            ack_queued: false,
+            last_frame: now,
+            backpressure_wait,
+            counters: RecvCounters::default(),
+        }
+    }
+
+    /// The current session id.
+    pub fn id(&self) -> u32 {
+        self.session
+    }
+
+    /// The next sequence number expected.
+    pub fn expected(&self) -> u32 {
+        self.expected
+    }
+
+    /// This state's counters.
+    pub fn counters(&self) -> &RecvCounters {
+        &self.counters
+    }
+
+    /// Switches to session `session` (its frame 0 arrived); a partial message of the old one
+    /// is given up into `abandoned`.
+    fn start(&mut self, session: u32, abandoned: &mut Vec<P>) {
+        self.recent.rotate_right(1);
+        self.recent[0] = Some(self.session);
+        self.session = session;
+        self.expected = 0;
+        self.give_up_message(abandoned);
+        self.reject = None;
+        self.last_done = None;
+        self.blocked_since = None;
+    }
+
+    fn give_up_message(&mut self, abandoned: &mut Vec<P>) {
+        if let Some(m) = self.msg.take() {
+            self.counters.abandoned += 1;
+            abandoned.extend(m.placement);
+        }
+    }
+
+    /// Classifies a data frame of this pair (see [`Verdict`]).
+    pub fn on_frame(&mut self, h: &DataHeader, now: Instant, abandoned: &mut Vec<P>) -> Verdict {
+        self.current = None;
+        if h.session != self.session {
+            if h.seq != 0 {
+                self.counters.resets_sent += 1;
+                return Verdict::Reset;
+            }
+            if self.recent.contains(&Some(h.session)) {
+                self.counters.stale_sessions += 1;
+                return Verdict::Drop;
+            }
+            self.start(h.session, abandoned);
+        }
+        self.last_frame = now;
+        if let Some(r) = self.reject {
+            // Only the first frame of a later message at the rejected frame's place ends the
+            // reject: the sender has heard it and renumbered.
+            let renumbered =
+                h.seq == r.seq && h.frag_offset == 0 && seq_lt(r.message_id, h.message_id);
+            if !renumbered {
+                self.counters.rejects_resent += 1;
+                self.ack_due = true;
+                return Verdict::Drop;
+            }
+            self.reject = None;
+        }
+        if seq_lt(h.seq, self.expected) {
+            self.counters.duplicates += 1;
+            self.ack_due = true;
+            return Verdict::Drop;
+        }
+        if h.seq != self.expected {
+            self.counters.out_of_order += 1;
+            self.ack_due = true;
+            return Verdict::Drop;
+        }
+        let end = u64::from(h.frag_offset) + u64::from(h.frag_len);
+        let sane = end <= u64::from(h.total_len) && (h.frag_len > 0 || h.total_len == 0);
+        let first = match &self.msg {
+            Some(m) if sane && m.continued_by(h) => false,
+            None if sane
+                && h.frag_offset == 0
+                && self.last_done.is_none_or(|d| seq_lt(d, h.message_id)) =>
+            {
+                true
+            }
+            _ => {
+                self.counters.invalid += 1;
+                return Verdict::Drop;
+            }
+        };
+        self.current = Some(*h);
+        Verdict::Process {
+            first,
+            last: h.is_last(),
+        }
+    }
+
+    /// The placement of the message in progress, once its first frame was accepted.
+    pub fn placement_mut(&mut self) -> Option<&mut P> {
+        self.msg.as_mut().and_then(|m| m.placement.as_mut())
+    }
+
+    /// The engine placed the frame of the last [`Verdict::Process`]. On a message's first frame
+    /// `placement` is its new placement (on a later one, `Some` replaces it). When the frame
+    /// ends the message, its placement comes back (the message is delivered); otherwise `None`
+    /// (or `placement` itself if no frame was being processed).
+    pub fn accepted(&mut self, placement: Option<P>, now: Instant) -> Option<P> {
+        let Some(h) = self.current.take() else {
+            return placement;
+        };
+        let m = match self.msg.take() {
+            Some(mut m) => {
+                if placement.is_some() {
+                    m.placement = placement;
+                }
+                m
+            }
+            None => InProgress {
+                message_id: h.message_id,
+                kind: h.kind,
+                msg_flags: h.msg_flags,
+                total_len: h.total_len,
+                cookie: h.cookie,
+                received: 0,
+                placement,
+            },
+        };
+        let mut m = m;
+        m.received = m.received.saturating_add(h.frag_len);
+        self.expected = self.expected.wrapping_add(1);
+        self.ack_due = true;
+        self.blocked_since = None;
+        self.last_frame = now;
+        self.counters.frames_accepted += 1;
+        if h.is_last() {
+            self.last_done = Some(m.message_id);
+            self.counters.messages_delivered += 1;
+            return m.placement;
+        }
+        self.msg = Some(m);
+        None
+    }
+
+    /// The engine could not place the frame of the last [`Verdict::Process`] now (no posted
+    /// buffer, RX ring full: `status` says which). Once that has lasted the backpressure wait,
+    /// the message is rejected with `status`.
+    pub fn blocked(&mut self, now: Instant, status: CompletionStatus) -> Blocked<P> {
+        let Some(h) = self.current.take() else {
+            return Blocked::Wait;
+        };
+        // A duplicate ack: the sender knows the peer is alive and retransmits on its timer.
+        self.ack_due = true;
+        let since = match self.blocked_since {
+            Some((seq, id, t)) if seq == h.seq && id == h.message_id => t,
+            _ => {
+                self.blocked_since = Some((h.seq, h.message_id, now));
+                now
+            }
+        };
+        if now.saturating_duration_since(since) >= self.backpressure_wait {
+            Blocked::Rejected(self.reject_current(&h, status))
+        } else {
+            Blocked::Wait
+        }
+    }
+
+    /// The engine refuses the message of the last [`Verdict::Process`] frame with `status`
+    /// (`Ok` is taken as `DestinationGone`). The placement of its earlier frames comes back.
+    pub fn rejected(&mut self, status: CompletionStatus) -> Option<P> {
+        let h = self.current.take()?;
+        self.reject_current(&h, status)
+    }
+
+    fn reject_current(&mut self, h: &DataHeader, status: CompletionStatus) -> Option<P> {
+        let status = match status {
+            CompletionStatus::Ok => CompletionStatus::DestinationGone,
+            s => s,
+        };
+        self.reject = Some(PendingReject {
+            seq: h.seq,
+            message_id: h.message_id,
+            status,
+        });
+        self.last_done = Some(h.message_id);
+        self.blocked_since = None;
+        self.ack_due = true;
+        self.counters.rejects += 1;
+        self.msg.take().and_then(|m| m.placement)
+    }
+
+    /// The ack due, if any (at most one until more frames arrive): the pending reject, else
+    /// the cumulative ack.
+    pub fn take_ack(&mut self) -> Option<AckKind> {
+        if !std::mem::take(&mut self.ack_due) {
+            return None;
+        }
+        Some(match self.reject {
+            Some(r) => AckKind::Reject {
+                ack: r.seq,
+                message_id: r.message_id,
+                status: r.status,
+            },
+            None => AckKind::Cumulative { ack: self.expected },
+        })
+    }
+}
+
+/// The receiving states of one worker, keyed by (local channel, remote channel address), at
+/// most `max_recv_sessions`; a state is evicted only after `state_lifetime` without frames.
+#[derive(Debug)]
+pub struct RecvTable<P> {
+    cfg: ReliableConfig,
+    sessions: HashMap<SessionKey, RecvSession<P>>,
+    acks_due: Vec<SessionKey>,
+    abandoned: Vec<(ChannelId, P)>,
+    scratch: Vec<P>,
+    retired: RecvCounters,
+}
+
+impl<P> RecvTable<P> {
+    /// An empty table.
+    pub fn new(cfg: ReliableConfig) -> RecvTable<P> {
+        RecvTable {
+            cfg,
+            sessions: HashMap::new(),
+            acks_due: Vec::new(),
+            abandoned: Vec::new(),
+            scratch: Vec::new(),
+            retired: RecvCounters::default(),
+        }
+    }
+
+    /// States in the table.
+    pub fn len(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// True if the table holds no state.
+    pub fn is_empty(&self) -> bool {
+        self.sessions.is_empty()
+    }
+
+    /// Every counter, summed over the states and those dropped.
+    pub fn counters(&self) -> RecvCounters {
+        let mut c = self.retired;
+        for s in self.sessions.values() {
+            c.add(&s.counters);
+        }
+        c
+    }
+
+    /// Runs `f` on the state of a pair and queues its ack if one became due.
+    fn with<R>(
+        &mut self,
+        key: SessionKey,
+        f: impl FnOnce(&mut RecvSession<P>, &mut Vec<P>) -> R,
+    ) -> Option<R> {
+        let s = self.sessions.get_mut(&key)?;
+        let r = f(s, &mut self.scratch);
+        if s.ack_due && !s.ack_queued {
+            s.ack_queued = true;
+            self.acks_due.push(key);
+        }
+        let local = key.0;
+        self.abandoned
+            .extend(self.scratch.drain(..).map(|p| (local, p)));
+        Some(r)
+    }
+
+    /// Classifies a data frame from `remote` to `local` (see [`RecvSession::on_frame`]); the
+    /// first frame of a session creates the pair's state if there is room.
+    pub fn on_frame(
+        &mut self,
+        local: ChannelId,
+        remote: ChannelAddr,
+        h: &DataHeader,
+        now: Instant,
+    ) -> Verdict {
+        let key = (local, remote);
+        if !self.sessions.contains_key(&key) {
+            if h.seq != 0 {
+                self.retired.resets_sent += 1;
+                return Verdict::Reset;
+            }
+            if self.sessions.len() >= self.cfg.max_recv_sessions && !self.evict_one(now) {
+                self.retired.table_full += 1;
+                return Verdict::Drop;
+            }
+            self.sessions.insert(
+                key,
+                RecvSession::new(h.session, self.cfg.backpressure_wait, now),
+            );
+        }
+        self.with(key, |s, abandoned| s.on_frame(h, now, abandoned))
+            .unwrap_or(Verdict::Drop)
+    }
+
+    /// See [`RecvSession::placement_mut`].
+    pub fn placement_mut(&mut self, local: ChannelId, remote: ChannelAddr) -> Option<&mut P> {
+        self.sessions
+            .get_mut(&(local, remote))
+            .and_then(|s| s.placement_mut())
+    }
+
+    /// See [`RecvSession::accepted`].
+    pub fn accepted(
+        &mut self,
+        local: ChannelId,
+        remote: ChannelAddr,
+        placement: Option<P>,
+        now: Instant,
+    ) -> Option<P> {
+        match self.sessions.contains_key(&(local, remote)) {
+            true => self
+                .with((local, remote), |s, _| s.accepted(placement, now))
+                .flatten(),
+            false => placement,
+        }
+    }
+
+    /// See [`RecvSession::blocked`].
+    pub fn blocked(
+        &mut self,
+        local: ChannelId,
+        remote: ChannelAddr,
+        now: Instant,
+        status: CompletionStatus,
+    ) -> Blocked<P> {
+        self.with((local, remote), |s, _| s.blocked(now, status))
+            .unwrap_or(Blocked::Wait)
+    }
+
+    /// See [`RecvSession::rejected`].
+    pub fn rejected(
+        &mut self,
+        local: ChannelId,
+        remote: ChannelAddr,
+        status: CompletionStatus,
+    ) -> Option<P> {
+        self.with((local, remote), |s, _| s.rejected(status))
+            .flatten()
+    }
+
+    /// Hands out the acks due, at most one per state since the last call.
+    pub fn take_acks(&mut self, mut out: impl FnMut(OutgoingAck)) {
+        for key in std::mem::take(&mut self.acks_due) {
+            let Some(s) = self.sessions.get_mut(&key) else {
+                continue;
+            };
+            s.ack_queued = false;
+            if let Some(kind) = s.take_ack() {
+                out(OutgoingAck {
+                    local: key.0,
+                    remote: key.1,
+                    session: s.session,
+                    kind,
+                });
+            }
+        }
+    }
+
+    fn expired(&self, s: &RecvSession<P>, now: Instant) -> bool {
+        now.saturating_duration_since(s.last_frame) >= self.cfg.state_lifetime
+    }
+
+    /// Drops the state idle longest if it has been idle for the state lifetime.
+    fn evict_one(&mut self, now: Instant) -> bool {
+        let victim = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| self.expired(s, now))
+            .min_by_key(|(_, s)| s.last_frame)
+            .map(|(k, _)| *k);
+        match victim {
+            Some(k) => {
+                self.drop_state(k);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn drop_state(&mut self, key: SessionKey) {
+        if let Some(mut s) = self.sessions.remove(&key) {
+            s.give_up_message(&mut self.scratch);
+            s.counters.states_expired += 1;
+            self.retired.add(&s.counters);
+            self.abandoned
+                .extend(self.scratch.drain(..).map(|p| (key.0, p)));
+        }
+    }
+
+    /// Drops every state without frames for the state lifetime; partial messages among them
+    /// go to [`RecvTable::take_abandoned`].
+    pub fn expire(&mut self, now: Instant) {
+        let old: Vec<SessionKey> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| self.expired(s, now))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in old {
+            self.drop_state(k);
+        }
+    }
+
+    /// Placements of messages that will never complete (their sender gave up or moved to a new
+    /// session): the engine undoes them (un-reserves the posted buffer).
+    pub fn take_abandoned(&mut self) -> std::vec::Drain<'_, (ChannelId, P)> {
+        self.abandoned.drain(..)
+    }
+
+    /// Drops the states of a destroyed local channel; `dropped` gets each partial placement.
+    pub fn remove_local(&mut self, local: ChannelId, mut dropped: impl FnMut(P)) {
+        let keys: Vec<SessionKey> = self
+            .sessions
+            .keys()
+            .filter(|k| k.0 == local)
+            .copied()
+            .collect();
+        for k in keys {
+            if let Some(mut s) = self.sessions.remove(&k) {
+                if let Some(p) = s.msg.take().and_then(|m| m.placement) {
+                    dropped(p);
+                }
+                self.retired.add(&s.counters);
+            }
+        }
+    }
+}
