@@ -3,8 +3,9 @@
 //!
 //! ```text
 //! svnic-microvm detect
-//! svnic-microvm bypass --socket PATH --peer MAC/ENDPOINT [--endpoint N] [--count N]
-//!                      [--dma-len BYTES] [--ring-size N] [--memory-mib N] [--timeout-secs N]
+//! svnic-microvm bypass --socket PATH --peer MAC/ENDPOINT [--mode bypass|doorbell|mediated]
+//!                      [--endpoint N] [--count N] [--dma-len BYTES] [--ring-size N]
+//!                      [--memory-mib N] [--timeout-secs N]
 //! svnic-microvm echo --socket PATH [--endpoint N] [--count N] [--ring-size N] [--timeout-secs N]
 //! ```
 //! `detect` exits 0 when 64-bit user mode runs natively, 2 when it does not, 1 on error.
@@ -14,11 +15,14 @@ use std::time::Duration;
 
 use svnic_channels::{ChannelAddr, MacAddr};
 use svnic_host_frontend::HostGuest;
-use svnic_microvm::{detect, detect_all, peer, run_bypass, BypassConfig, MicroVmError, Payload};
+use svnic_microvm::{
+    detect, detect_all, peer, run_bypass, BypassConfig, DataPath, MicroVmError, Payload,
+};
 
 const USAGE: &str = concat!(
     "usage: svnic-microvm detect\n",
-    "       svnic-microvm bypass --socket PATH --peer MAC/ENDPOINT [--endpoint N] [--count N]\n",
+    "       svnic-microvm bypass --socket PATH --peer MAC/ENDPOINT\n",
+    "                            [--mode bypass|doorbell|mediated] [--endpoint N] [--count N]\n",
     "                            [--dma-len BYTES] [--ring-size N] [--memory-mib N]\n",
     "                            [--timeout-secs N]\n",
     "       svnic-microvm echo --socket PATH [--endpoint N] [--count N] [--ring-size N]\n",
@@ -57,7 +61,8 @@ fn cmd_bypass(cfg: &BypassConfig) -> Result<ExitCode, String> {
     println!("{report}");
     let r = run_bypass(cfg).map_err(|e| e.to_string())?;
     println!(
-        "bypass: {} → {}: {} of {} messages; {}",
+        "{}: {} → {}: {} of {} messages; {}",
+        r.path,
         r.addr,
         cfg.peer,
         r.result.done,
@@ -68,17 +73,38 @@ fn cmd_bypass(cfg: &BypassConfig) -> Result<ExitCode, String> {
         "run: {:?}, {} user-space exit(s) ({} by signals)",
         r.run.elapsed, r.run.user_exits, r.run.interrupted
     );
-    match &r.stats {
-        Some(s) => println!("KVM exit counters over the run: {:?}", s.exits()),
-        None => println!("KVM exit counters: no binary statistics on this kernel"),
-    }
-    if let Some(w) = &r.steady {
+    println!(
+        "{} path: doorbell relay: {} signal(s) in {} wakeup(s), {} Doorbell frame(s) to a \
+         sleeping engine",
+        r.path, r.relay.signals, r.relay.wakeups, r.relay.frames
+    );
+    if let Some(m) = &r.mediator {
         println!(
-            "KVM exit counters over {} messages in the steady state (replies {}..{}): {:?}",
+            "mediator: {} message(s) handed over, {} receive load(s) ({} empty), {} Doorbell \
+             frame(s)",
+            m.sends, m.recvs, m.empty_recvs, m.frames
+        );
+    }
+    match (&r.stats, r.exits()) {
+        (Some(s), Some(e)) => {
+            println!("KVM exit counters over the run: {:?}", s.exits());
+            println!("over the run, {}", e.describe_per_message(r.count));
+        }
+        _ => println!("KVM exit counters: no binary statistics on this kernel"),
+    }
+    if let (Some(w), Some(e)) = (&r.steady, r.steady_exits()) {
+        println!(
+            "KVM exit counters over {} messages in the steady state (replies {}..{}, {} \
+             doorbell(s)): {:?}",
             w.messages(),
             w.from,
             w.to,
+            w.doorbells,
             w.stats.exits()
+        );
+        println!(
+            "in the steady state, {}",
+            e.describe_per_message(w.messages())
         );
     }
     Ok(if r.ok() {
@@ -116,7 +142,10 @@ fn parse(args: &[String], needs_peer: bool) -> Result<BypassConfig, String> {
         count: 1000,
         seed: 0x5eed_0000_0000,
         payload: Payload::UserData,
+        path: DataPath::Bypass,
+        times: 0,
         timeout: Duration::from_secs(10),
+        start: None,
     };
     let (mut socket, mut peer) = (false, false);
     let mut it = args.iter();
@@ -162,6 +191,7 @@ fn parse(args: &[String], needs_peer: bool) -> Result<BypassConfig, String> {
                     .parse()
                     .map_err(|e| format!("--ring-size {value}: {e}"))?
             }
+            "--mode" => cfg.path = value.parse()?,
             "--memory-mib" => cfg.memory_size = num()?.saturating_mul(1 << 20),
             "--timeout-secs" => cfg.timeout = Duration::from_secs(num()?),
             _ => return Err(format!("unknown option {flag}\n{USAGE}")),
@@ -188,7 +218,7 @@ mod tests {
         let cfg = parse(
             &args(
                 "--socket /s --peer 52:54:00:00:00:02/7 --endpoint 3 --count 5 --dma-len 4096 \
-                 --ring-size 64 --memory-mib 32 --timeout-secs 2",
+                 --ring-size 64 --memory-mib 32 --timeout-secs 2 --mode mediated",
             ),
             true,
         )
@@ -206,9 +236,12 @@ mod tests {
             (3, 5, Payload::DmaData { len: 4096 }, 64)
         );
         assert_eq!(
-            (cfg.memory_size, cfg.timeout),
-            (32 << 20, Duration::from_secs(2))
+            (cfg.memory_size, cfg.timeout, cfg.path),
+            (32 << 20, Duration::from_secs(2), DataPath::Mediated)
         );
+        let mode = |m: &str| parse(&args(&format!("--socket /s --mode {m}")), false);
+        assert_eq!(mode("bypass").map(|c| c.path), Ok(DataPath::Bypass));
+        assert_eq!(mode("doorbell").map(|c| c.path), Ok(DataPath::Doorbell));
     }
 
     #[test]
@@ -232,6 +265,7 @@ mod tests {
         refused("--socket /s --count", false, "--count needs a value");
         refused("--socket /s --count many", false, "--count many");
         refused("--socket /s --dma-len -1", false, "--dma-len -1");
+        refused("--socket /s --mode fast", false, "unknown mode \"fast\"");
         refused(
             "--socket /s --frobnicate 1",
             false,
