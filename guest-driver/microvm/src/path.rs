@@ -205,6 +205,9 @@ pub fn register_doorbell(vm: &kvm_ioctls::VmFd) -> Result<EventFd, MicroVmError>
 /// Longest the VMM waits for a reply before it answers a `MEDIATE_RECV` load anyway (the guest
 /// then loads again), so that the run loop sees its watchdog.
 pub const RECV_WAIT: Duration = Duration::from_millis(10);
+/// How long the VMM spins for a reply before it yields its CPU between checks (to a peer that
+/// shares it).
+pub const RECV_SPIN: Duration = Duration::from_micros(100);
 
 /// What the mediator did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -223,7 +226,8 @@ pub struct MediatorStats {
 /// [`MEDIATE_GPA`]. A store of a ring slot's address to `MEDIATE_SEND` publishes that slot (it
 /// must be the next one of the TX or post ring) and notifies the engine; a load of
 /// `MEDIATE_RECV` waits until the engine has published a reply the guest has not consumed (or
-/// [`RECV_WAIT`] passed, or the channel faulted) and returns `rx_head`.
+/// [`RECV_WAIT`] passed, or the channel faulted) and returns `rx_head`; it spins for the first
+/// [`RECV_SPIN`] of the wait and yields the CPU between checks after that.
 #[derive(Debug)]
 pub struct Mediator<'a> {
     side: EngineSide<'a>,
@@ -299,19 +303,18 @@ impl<'a> Mediator<'a> {
 
     fn recv(&mut self) -> Result<u32, MicroVmError> {
         let start = Instant::now();
-        let mut spins = 0u32;
         self.stats.recvs += 1;
         loop {
             let head = self.side.word(header::RX_HEAD)?;
             if head != self.side.word(header::RX_TAIL)? {
                 return Ok(head);
             }
-            if self.side.word(header::FAULT)? != 0 || start.elapsed() >= RECV_WAIT {
+            let waited = start.elapsed();
+            if self.side.word(header::FAULT)? != 0 || waited >= RECV_WAIT {
                 self.stats.empty_recvs += 1;
                 return Ok(head);
             }
-            spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 {
+            if waited >= RECV_SPIN {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
