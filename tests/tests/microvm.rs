@@ -308,10 +308,16 @@ fn two_micro_vms(name: &str, payload: Payload) {
     if kvm_or_skip().is_none() {
         return;
     }
+    // Each program posts its receive buffer for message i only after message i - 1 is done, so
+    // the engine holds the other's DMA-data i until this vCPU runs again; on two CPUs shared with
+    // the other tests that can take longer than the default 100 ms wait for a posted buffer.
     let d = DaemonFixture::start(
         name,
         &[(VM_MAC, ""), (HOST_MAC, "")],
-        EngineOverrides::default(),
+        EngineOverrides {
+            backpressure_wait_ms: Some(60_000),
+            ..EngineOverrides::default()
+        },
     );
     let start = Arc::new(Barrier::new(2));
     let a = VM_ADDR;
@@ -323,14 +329,17 @@ fn two_micro_vms(name: &str, payload: Payload) {
     };
     let vm_a = run(d.sock(1), a, b);
     let vm_b = run(d.sock(2), b, a);
-    for (who, vm) in [("a", vm_a), ("b", vm_b)] {
-        let r = vm.join().unwrap().unwrap();
+    // Both reports first: when one side fails, the other's next message fails too (NoRoute).
+    let reports = [("a", vm_a), ("b", vm_b)].map(|(who, vm)| (who, vm.join().unwrap().unwrap()));
+    for (who, r) in &reports {
         eprintln!(
             "micro-VM {who} {payload:?}: {COUNT} exchanges in {:?}: {}; {} user-space exit(s)",
             r.run.elapsed,
             r.result.describe(),
             r.run.user_exits
         );
+    }
+    for (who, r) in &reports {
         assert!(r.ok(), "micro-VM {who}: {}", r.result.describe());
         assert_eq!((r.result.done, r.run.user_exits), (COUNT, 1));
     }
