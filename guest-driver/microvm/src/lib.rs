@@ -19,7 +19,7 @@
 //!   side of each: the ioeventfd doorbell relay and the mediating device.
 //! - [`stats`]: KVM's binary statistics of the vCPU (exit counters).
 //! - [`launcher`]: the wiring — connect, create the channel, load, run, report.
-//! - [`bench`]: the three paths next to the host-process bypass and the cache-line floor,
+//! - [`bench`](mod@bench): the three paths next to the host-process bypass and the cache-line floor,
 //!   measured alternately.
 //! - [`peer`]: the echo the program talks to (a host-process guest).
 
