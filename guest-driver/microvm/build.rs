@@ -58,9 +58,39 @@ const BOOT_INFO: &[(&str, u64, &str)] = &[
         0x48,
         "Written by the guest on some failures: a completion status or the fault code.",
     ),
+    (
+        "BI_PATH",
+        0x60,
+        "The data path: `PATH_BYPASS`, `PATH_DOORBELL` or `PATH_MEDIATED`.",
+    ),
+    (
+        "BI_DOORBELL_ADDR",
+        0x68,
+        "A guest-physical address outside every memslot registered as an ioeventfd: a store \
+         there is a doorbell (an in-kernel exit).",
+    ),
+    (
+        "BI_MEDIATE_ADDR",
+        0x70,
+        "`PATH_MEDIATED`: the VMM's register page, outside every memslot (`MEDIATE_SEND`, \
+         `MEDIATE_RECV`).",
+    ),
+    (
+        "BI_DOORBELLS",
+        0x78,
+        "Written by the guest: doorbells rung so far.",
+    ),
+    (
+        "BI_TIMES",
+        0x80,
+        "Guest-physical address of an array of u64 round-trip times in TSC ticks, one per \
+         message, or 0 for none.",
+    ),
+    ("BI_TIMES_LEN", 0x88, "Entries in the `BI_TIMES` array."),
 ];
 
-/// Result codes the guest writes to `BI_RESULT`, and the modes of `BI_MODE`.
+/// Result codes the guest writes to `BI_RESULT`, the payloads of `BI_MODE`, the data paths of
+/// `BI_PATH` and the register offsets of the mediated path's register page.
 const RESULTS: &[(&str, u64, &str)] = &[
     (
         "MODE_USER_DATA",
@@ -72,6 +102,35 @@ const RESULTS: &[(&str, u64, &str)] = &[
         1,
         "Each message is DMA-data from the data area into a buffer the peer posted; the echo \
          comes back into a buffer this program posted.",
+    ),
+    (
+        "PATH_BYPASS",
+        0,
+        "The program publishes its ring indices itself and rings the ioeventfd doorbell only \
+         when the engine advertises sleeping.",
+    ),
+    (
+        "PATH_DOORBELL",
+        1,
+        "As `PATH_BYPASS`, but the doorbell is rung after every message.",
+    ),
+    (
+        "PATH_MEDIATED",
+        2,
+        "Every message is handed to the VMM through an exit (its slot's address stored to \
+         `MEDIATE_SEND`), and replies are learnt through another (a load of `MEDIATE_RECV`).",
+    ),
+    (
+        "MEDIATE_SEND",
+        0,
+        "Register offset: a u64 store of a TX or post ring slot's guest-physical address \
+         hands that message to the VMM.",
+    ),
+    (
+        "MEDIATE_RECV",
+        8,
+        "Register offset: a u32 load returns the channel's rx_head once it differs from \
+         rx_tail (or after a bounded wait).",
     ),
     (
         "RESULT_OK",

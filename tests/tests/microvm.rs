@@ -1,7 +1,10 @@
 //! The kvm-ioctls micro-VM against the real daemon: its 64-bit user-mode guest program drives a
 //! channel in its own memory (the memfd shared with the daemon over vhost-user and registered as
 //! the KVM memslot) and exchanges user-data, or DMA-data, with a host-process guest that
-//! echoes, intact and in order, while KVM's statistics count the exits.
+//! echoes, or with a second micro-VM, intact and in order, while KVM's statistics count the
+//! exits of each data path: bypass (no exit but the doorbells of a sleeping engine), a doorbell
+//! per message (an in-kernel ioeventfd exit each, no exit to the VMM), VMM-mediated (exits to
+//! the VMM for every message).
 //!
 //! A micro-VM killed mid-stream (a child process running the launcher): the daemon destroys its
 //! channel and the peer's next message to it is error-completed.
@@ -10,15 +13,18 @@
 //! a guest at all.
 #![allow(clippy::unwrap_used)]
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::Duration;
 
 use svnic_backend::config::EngineOverrides;
 use svnic_channels::{ChannelAddr, CompletionStatus, MacAddr, Message};
 use svnic_client::Completions;
-use svnic_microvm::{detect, peer, run_bypass, BypassConfig, KvmReport, ModeProbe, Payload};
+use svnic_microvm::{
+    detect, peer, run_bypass, BypassConfig, BypassReport, DataPath, KvmReport, ModeProbe, Payload,
+};
 use svnic_tests::daemon_fixture::{recv_messages, DaemonFixture};
 use svnic_tests::daemon_proc::spawn_test_child;
 use svnic_tests::wait::wait_until;
@@ -27,6 +33,14 @@ const VM_MAC: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x4b, 0x01, 0x01]);
 const HOST_MAC: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x4b, 0x01, 0x02]);
 const VM_ENDPOINT: u32 = 3;
 const HOST_ENDPOINT: u32 = 7;
+const VM_ADDR: ChannelAddr = ChannelAddr {
+    mac: VM_MAC,
+    endpoint: VM_ENDPOINT,
+};
+const HOST_ADDR: ChannelAddr = ChannelAddr {
+    mac: HOST_MAC,
+    endpoint: HOST_ENDPOINT,
+};
 const COUNT: u64 = 1000;
 const SEED: u64 = 0x5eed_0000_0000_0000;
 const LONG: Duration = Duration::from_secs(60);
@@ -49,6 +63,32 @@ fn kvm_or_skip() -> Option<KvmReport> {
     }
 }
 
+/// The launcher's settings: `count` messages of `payload` on `path` from the guest at `socket`
+/// (its channel at `endpoint`) to `peer`.
+fn config(
+    socket: PathBuf,
+    endpoint: u32,
+    peer: ChannelAddr,
+    count: u64,
+    payload: Payload,
+    path: DataPath,
+) -> BypassConfig {
+    BypassConfig {
+        socket,
+        memory_size: 64 << 20,
+        endpoint,
+        ring_size: 256,
+        peer,
+        count,
+        seed: SEED,
+        payload,
+        path,
+        times: 0,
+        timeout: LONG,
+        start: None,
+    }
+}
+
 /// Echoes `count` messages on a channel of host-process guest 2 in a thread; returns what
 /// arrived there (each message with its bytes), in arrival order.
 fn echo(d: &DaemonFixture, count: u64) -> thread::JoinHandle<Vec<(Message, Vec<u8>)>> {
@@ -64,50 +104,11 @@ fn echo(d: &DaemonFixture, count: u64) -> thread::JoinHandle<Vec<(Message, Vec<u
     })
 }
 
-/// The micro-VM exchanges `COUNT` messages of `payload` with an echoing host-process guest
-/// through the daemon; checks both sides and the exit counts.
-fn exchange(name: &str, payload: Payload) {
-    let Some(report) = kvm_or_skip() else { return };
-    let d = DaemonFixture::start(
-        name,
-        &[(VM_MAC, ""), (HOST_MAC, "")],
-        EngineOverrides::default(),
-    );
-    let echoer = echo(&d, COUNT);
-    let peer = ChannelAddr {
-        mac: HOST_MAC,
-        endpoint: HOST_ENDPOINT,
-    };
-    let r = run_bypass(&BypassConfig {
-        socket: d.sock(1),
-        memory_size: 64 << 20,
-        endpoint: VM_ENDPOINT,
-        ring_size: 256,
-        peer,
-        count: COUNT,
-        seed: SEED,
-        payload,
-        timeout: LONG,
-    })
-    .unwrap();
-    eprintln!(
-        "{payload:?}: {COUNT} round trips in {:?}: {}; {} user-space exit(s); KVM counters: {:?}",
-        r.run.elapsed,
-        r.result.describe(),
-        r.run.user_exits,
-        r.stats.as_ref().map(|s| s.nonzero())
-    );
-    assert!(r.ok(), "{}", r.result.describe());
-    assert_eq!(r.result.done, COUNT);
-
-    // The host side saw every message, intact and in order, from the micro-VM's channel.
-    let got = echoer.join().unwrap();
+/// Checks that `got`, what arrived at a peer, is the micro-VM's `COUNT` messages of `payload`
+/// from `from`, intact and in order.
+fn check_arrivals(got: &[(Message, Vec<u8>)], payload: Payload, from: ChannelAddr) {
     assert_eq!(got.len() as u64, COUNT);
-    let from = ChannelAddr {
-        mac: VM_MAC,
-        endpoint: VM_ENDPOINT,
-    };
-    for (i, (m, bytes)) in (0u64..).zip(&got) {
+    for (i, (m, bytes)) in (0u64..).zip(got) {
         match (payload, m) {
             (Payload::UserData, Message::UserData(u)) => assert_eq!(
                 (u.cookie, &bytes[..], u.peer),
@@ -123,42 +124,94 @@ fn exchange(name: &str, payload: Payload) {
             _ => panic!("message {i}: {m:?}"),
         }
     }
+}
 
-    // The only exit to the launcher is the final MMIO store; no signal interrupted the run.
+/// The micro-VM exchanges `COUNT` messages of `payload` on `path` with an echoing host-process
+/// guest through the daemon; checks both sides; returns the launcher's report.
+fn exchange(name: &str, payload: Payload, path: DataPath) -> Option<(KvmReport, BypassReport)> {
+    let report = kvm_or_skip()?;
+    let d = DaemonFixture::start(
+        name,
+        &[(VM_MAC, ""), (HOST_MAC, "")],
+        EngineOverrides::default(),
+    );
+    let echoer = echo(&d, COUNT);
+    let peer = HOST_ADDR;
+    let r = run_bypass(&config(d.sock(1), VM_ENDPOINT, peer, COUNT, payload, path)).unwrap();
+    eprintln!(
+        "{path} {payload:?}: {COUNT} round trips in {:?}: {}; {} user-space exit(s); relay \
+         {:?}; mediator {:?}; KVM counters: {:?}",
+        r.run.elapsed,
+        r.result.describe(),
+        r.run.user_exits,
+        r.relay,
+        r.mediator,
+        r.stats.as_ref().map(|s| s.nonzero())
+    );
+    if let Some(e) = r.exits() {
+        eprintln!(
+            "{path} {payload:?}: over the run, {}",
+            e.describe_per_message(COUNT)
+        );
+    }
+    assert!(r.ok(), "{}", r.result.describe());
+    assert_eq!(r.result.done, COUNT);
+    // Every doorbell the program rang reached the VMM's relay through the ioeventfd.
+    assert_eq!(r.relay.signals, r.result.doorbells, "{:?}", r.relay);
+    assert!(r.relay.frames <= r.relay.signals.max(1), "{:?}", r.relay);
+
+    // The host side saw every message, intact and in order, from the micro-VM's channel.
+    let from = VM_ADDR;
+    check_arrivals(&echoer.join().unwrap(), payload, from);
+    Some((report, r))
+}
+
+/// Bypass: no exit per message. The only exit to the launcher is the final MMIO store; no
+/// signal interrupted the run. What the kernel counted: every in-kernel exit is a host
+/// interrupt (timer ticks), the first touch of a guest page (a fixed page fault, a number that
+/// does not grow with the messages), or a doorbell the program rang because the engine had gone
+/// to sleep (one per sleep of the engine, not per message); with native user mode nothing
+/// emulated but those stores and the final one.
+fn bypass(name: &str, payload: Payload) {
+    let Some((report, r)) = exchange(name, payload, DataPath::Bypass) else {
+        return;
+    };
     assert_eq!((r.run.user_exits, r.run.interrupted), (1, 0));
-    // What the kernel counted over the run: every in-kernel exit is the final MMIO store, a host
-    // interrupt (timer ticks), or the first touch of a guest page (a fixed page fault, a number
-    // that does not grow with the messages); nothing else, and with native user mode nothing
-    // emulated but that store.
-    if let Some(s) = &r.stats {
+    assert!(r.mediator.is_none());
+    let bells = r.result.doorbells;
+    if let (Some(s), Some(e)) = (&r.stats, r.exits()) {
         let n = |name| s.get(name).unwrap_or(0);
         assert_eq!(n("mmio_exits"), 1, "{:?}", s.nonzero());
         assert_eq!(
             n("exits"),
-            n("mmio_exits") + n("irq_exits") + n("pf_fixed"),
+            n("mmio_exits") + n("irq_exits") + n("pf_fixed") + bells,
             "{:?}",
             s.nonzero()
         );
+        assert_eq!(e.doorbell, bells, "{e:?}");
         assert!(n("pf_fixed") <= 32, "{:?}", s.nonzero());
         if report.cpl3_native() {
-            assert!(n("insn_emulation") <= 1, "{:?}", s.nonzero());
+            assert!(n("insn_emulation") <= 1 + bells, "{:?}", s.nonzero());
         }
         // In the steady state (every page touched, the final store still to come) the kernel
-        // saw nothing but host interrupts: no page fault, no MMIO or port exit, nothing emulated.
+        // saw nothing but host interrupts and the doorbells of a sleeping engine: no page fault,
+        // no MMIO or port exit to the VMM, nothing else emulated.
         let w = r
             .steady
             .as_ref()
             .expect("the launcher saw the steady-state window");
         let n = |name| w.stats.get(name).unwrap_or(0);
         eprintln!(
-            "steady state: {} messages (replies {}..{}), counters {:?}",
+            "steady state: {} messages (replies {}..{}), {} doorbell(s), counters {:?}",
             w.messages(),
             w.from,
             w.to,
+            w.doorbells,
             w.stats.nonzero()
         );
         assert!(w.messages() >= 100, "{w:?}");
-        assert_eq!(n("exits"), n("irq_exits"), "{:?}", w.stats.nonzero());
+        let rung = n("exits").saturating_sub(n("irq_exits"));
+        assert!(rung <= w.doorbells, "{:?}", w.stats.nonzero());
         assert_eq!(
             (
                 n("mmio_exits"),
@@ -166,7 +219,7 @@ fn exchange(name: &str, payload: Payload) {
                 n("pf_fixed"),
                 n("insn_emulation")
             ),
-            (0, 0, 0, 0),
+            (0, 0, 0, rung),
             "{:?}",
             w.stats.nonzero()
         );
@@ -175,12 +228,131 @@ fn exchange(name: &str, payload: Payload) {
 
 #[test]
 fn user_mode_guest_exchanges_user_data_with_a_host_process_guest_without_exits() {
-    exchange("microvm-user", Payload::UserData);
+    bypass("microvm-user", Payload::UserData);
 }
 
 #[test]
 fn user_mode_guest_exchanges_dma_data_with_a_host_process_guest_without_exits() {
-    exchange("microvm-dma", Payload::DmaData { len: 4096 });
+    bypass("microvm-dma", Payload::DmaData { len: 4096 });
+}
+
+/// A doorbell per message: at least one in-kernel exit per message (the ioeventfd store, an
+/// emulated instruction), and still no exit to the VMM before the final one.
+#[test]
+fn a_doorbell_per_message_is_an_in_kernel_exit_each_and_no_exit_to_the_vmm() {
+    let Some((_, r)) = exchange("microvm-bell", Payload::UserData, DataPath::Doorbell) else {
+        return;
+    };
+    assert_eq!((r.run.user_exits, r.run.interrupted), (1, 0));
+    assert_eq!((r.result.doorbells, r.relay.signals), (COUNT, COUNT));
+    if let Some(e) = r.exits() {
+        assert_eq!(e.user_space, 1, "{e:?}");
+        assert!(e.doorbell >= COUNT, "{e:?}");
+        assert!(e.emulated > COUNT, "{e:?}");
+        let s = r.steady_exits().expect("the steady-state window");
+        let m = r.steady.as_ref().map_or(0, |w| w.messages());
+        eprintln!("steady state: {}", s.describe_per_message(m));
+        assert_eq!(s.user_space, 0, "{s:?}");
+        assert!(
+            s.doorbell >= m && s.emulated >= m,
+            "{s:?} over {m} messages"
+        );
+    }
+}
+
+/// VMM-mediated: every message is an exit to the VMM (its hand-over), and every reply at least
+/// one more (the receive load); the program rings no doorbell (the VMM notifies the engine).
+fn mediated(name: &str, payload: Payload, handed_per_message: u64) {
+    let Some((_, r)) = exchange(name, payload, DataPath::Mediated) else {
+        return;
+    };
+    let m = r.mediator.expect("the mediator's statistics");
+    assert_eq!(m.sends, handed_per_message * COUNT, "{m:?}");
+    assert!(m.recvs >= COUNT, "{m:?}");
+    assert_eq!(r.run.interrupted, 0);
+    assert_eq!(r.run.user_exits, m.sends + m.recvs + 1);
+    assert!(r.run.user_exits > 2 * COUNT);
+    assert_eq!(r.result.doorbells, 0);
+    if let (Some(s), Some(e)) = (&r.stats, r.exits()) {
+        // KVM counted the same exits to the VMM as the launcher.
+        assert_eq!(
+            s.get("mmio_exits"),
+            Some(r.run.user_exits),
+            "{:?}",
+            s.nonzero()
+        );
+        // In the kernel: host interrupts and first touches of pages only.
+        assert_eq!(e.doorbell, 0, "{e:?}");
+        let w = r.steady_exits().expect("the steady-state window");
+        let n = r.steady.as_ref().map_or(0, |w| w.messages());
+        eprintln!("steady state: {}", w.describe_per_message(n));
+        assert!(w.user_space >= 2 * n, "{w:?} over {n} messages");
+    }
+}
+
+#[test]
+fn vmm_mediated_user_data_exits_to_the_vmm_for_every_message() {
+    mediated("microvm-mediated", Payload::UserData, 1);
+}
+
+#[test]
+fn vmm_mediated_dma_data_exits_to_the_vmm_for_every_post_and_send() {
+    mediated("microvm-mediated-dma", Payload::DmaData { len: 4096 }, 2);
+}
+
+/// Two micro-VMs exchange `COUNT` messages of `payload` through the daemon, both on the bypass
+/// path, in lockstep: each sends message i and waits for the other's message i, which must be
+/// the one it sent itself (the same seed: the same cookie, payload or DMA bytes, into the buffer
+/// it posted), from the other, in order. Each program checks every message it receives.
+fn two_micro_vms(name: &str, payload: Payload) {
+    if kvm_or_skip().is_none() {
+        return;
+    }
+    // Each program posts its receive buffer for message i only after message i - 1 is done, so
+    // the engine holds the other's DMA-data i until this vCPU runs again; on two CPUs shared with
+    // the other tests that can take longer than the default 100 ms wait for a posted buffer.
+    let d = DaemonFixture::start(
+        name,
+        &[(VM_MAC, ""), (HOST_MAC, "")],
+        EngineOverrides {
+            backpressure_wait_ms: Some(60_000),
+            ..EngineOverrides::default()
+        },
+    );
+    let start = Arc::new(Barrier::new(2));
+    let a = VM_ADDR;
+    let b = HOST_ADDR;
+    let run = |sock: PathBuf, me: ChannelAddr, peer: ChannelAddr| {
+        let mut cfg = config(sock, me.endpoint, peer, COUNT, payload, DataPath::Bypass);
+        cfg.start = Some(Arc::clone(&start));
+        thread::spawn(move || run_bypass(&cfg))
+    };
+    let vm_a = run(d.sock(1), a, b);
+    let vm_b = run(d.sock(2), b, a);
+    // Both reports first: when one side fails, the other's next message fails too (NoRoute).
+    let reports = [("a", vm_a), ("b", vm_b)].map(|(who, vm)| (who, vm.join().unwrap().unwrap()));
+    for (who, r) in &reports {
+        eprintln!(
+            "micro-VM {who} {payload:?}: {COUNT} exchanges in {:?}: {}; {} user-space exit(s)",
+            r.run.elapsed,
+            r.result.describe(),
+            r.run.user_exits
+        );
+    }
+    for (who, r) in &reports {
+        assert!(r.ok(), "micro-VM {who}: {}", r.result.describe());
+        assert_eq!((r.result.done, r.run.user_exits), (COUNT, 1));
+    }
+}
+
+#[test]
+fn two_micro_vms_exchange_user_data_through_the_daemon() {
+    two_micro_vms("microvm-pair-user", Payload::UserData);
+}
+
+#[test]
+fn two_micro_vms_exchange_dma_data_through_the_daemon() {
+    two_micro_vms("microvm-pair-dma", Payload::DmaData { len: 4096 });
 }
 
 const CHILD_VAR: &str = "SVNIC_MICROVM_CHILD_SOCKET";
@@ -193,20 +365,16 @@ fn child_micro_vm() {
         return;
     };
     println!("MICROVM-CHILD-READY");
-    let r = run_bypass(&BypassConfig {
-        socket: sock.into(),
-        memory_size: 64 << 20,
-        endpoint: VM_ENDPOINT,
-        ring_size: 256,
-        peer: ChannelAddr {
-            mac: HOST_MAC,
-            endpoint: HOST_ENDPOINT,
-        },
-        count: u64::MAX,
-        seed: SEED,
-        payload: Payload::UserData,
-        timeout: LONG,
-    });
+    let peer = HOST_ADDR;
+    let cfg = config(
+        sock.into(),
+        VM_ENDPOINT,
+        peer,
+        u64::MAX,
+        Payload::UserData,
+        DataPath::Bypass,
+    );
+    let r = run_bypass(&cfg);
     panic!("the child should have been killed mid-stream, but the run ended: {r:?}");
 }
 
@@ -257,10 +425,7 @@ fn a_micro_vm_killed_mid_stream_loses_its_channel_and_its_peer_is_told() {
     assert!(at_kill >= 100, "{at_kill}");
 
     // The peer's next message to the dead micro-VM comes back as an error completion.
-    let to_vm = ChannelAddr {
-        mac: VM_MAC,
-        endpoint: VM_ENDPOINT,
-    };
+    let to_vm = VM_ADDR;
     assert!(ch
         .send_user(to_vm, 42, b"anyone?", Completions::OnError)
         .unwrap());

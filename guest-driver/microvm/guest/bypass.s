@@ -10,11 +10,24 @@
 #   buffer (qword k = seed + i + k) and sends it as DMA-data with cookie i; it then needs both
 #   the completion of its send (status Ok, the whole length) and the echo: DMA-data from the
 #   peer, COMPLETE, into the posted buffer, with the same bytes. They may arrive in either order.
-# Each index is kept in a register and only stored, never read back. The program never rings a
-# doorbell: an engine that went to sleep meanwhile picks the message up at its next timed
-# re-check. The result goes to the boot-info page, and the program ends with a store of the
-# result to BI_EXIT_ADDR, which lies outside every memslot: an MMIO exit, the only exit the
-# program makes on purpose.
+# Each index is kept in a register and only stored, never read back. How a message reaches the
+# engine is the data path, BI_PATH:
+# - PATH_BYPASS: the program publishes tx_head (and post_head) itself, then, with a full fence,
+#   loads engine_sleeping and, only if the engine sleeps, rings the doorbell: a store to
+#   BI_DOORBELL_ADDR, which the VMM registered as an ioeventfd (an in-kernel exit, no exit to
+#   the VMM). It polls rx_head in its own memory.
+# - PATH_DOORBELL: the same, but it rings the doorbell after every message, sleeping or not (a
+#   doorbell-per-message device).
+# - PATH_MEDIATED: an emulated device. It writes each message into its ring slot but publishes
+#   nothing itself: it stores the slot's guest-physical address to MEDIATE_SEND of the register
+#   page at BI_MEDIATE_ADDR (outside every memslot: an exit to the VMM), and the VMM publishes the
+#   slot to the engine. It learns of replies by loading MEDIATE_RECV (another exit), which the
+#   VMM answers with rx_head once the engine has published a reply (or after a bounded wait).
+# Doorbells rung are counted in BI_DOORBELLS. With BI_TIMES non-zero, the round trip of message
+# i in TSC ticks (from before its message is written to after its last reply is consumed) goes
+# to qword i of the array there, for i < BI_TIMES_LEN. The result goes to the boot-info page,
+# and the program ends with a store of the result to BI_EXIT_ADDR, which lies outside every
+# memslot: an MMIO exit.
 #
 # x86 keeps stores in program order, keeps loads in program order and never moves a store before
 # an older load, so plain moves are the release stores and acquire loads the ring protocol asks
@@ -45,6 +58,7 @@
 .set RX_HEAD, 0x180
 .set RX_TAIL, 0x200
 .set POST_HEAD, 0x280
+.set ENGINE_SLEEPING, 0x380
 .set CHANNEL_MAGIC, 0x434e5653
 .set LAYOUT_VERSION, 2
 # Messages (docs/abi.md §1).
@@ -64,7 +78,8 @@
 .set S_TX_BUF, 16
 .set S_RX_BUF, 24
 .set S_LEN, 32
-.set S_SIZE, 40
+.set S_T0, 40
+.set S_SIZE, 48
 
 .text
 .globl _start
@@ -114,6 +129,10 @@ _start:
 next:
     cmp rcx, r14
     jae success
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    mov [rsp + S_T0], rax
     cmp qword ptr [rsp + S_NEED], GOT_ECHO
     jne post
     # User-data: the payload inline.
@@ -139,8 +158,15 @@ post:
     mov rsi, [rsp + S_RX_BUF]
     mov rdi, [rsp + S_LEN]
     call write_body
+    cmp qword ptr [r15 + BI_PATH], PATH_MEDIATED
+    je post_mediated
     lea eax, [rcx + 1]
     mov [rbx + POST_HEAD], eax
+    jmp fill_start
+post_mediated:
+    mov rax, [r15 + BI_MEDIATE_ADDR]
+    mov [rax + MEDIATE_SEND], rdx
+fill_start:
     # ... and fill the send buffer: qword k = seed + i + k.
     mov rdi, [rsp + S_TX_BUF]
     add rdi, rbx
@@ -168,14 +194,40 @@ send:
     mov [rdx + 8], r10
     mov [rdx + 16], rcx
     call write_body
-    lea eax, [rcx + 1]
-    mov [rbx + TX_HEAD], eax
+    mov rax, [r15 + BI_PATH]
+    cmp rax, PATH_MEDIATED
+    je send_mediated
+    lea esi, [rcx + 1]
+    mov [rbx + TX_HEAD], esi
+    cmp rax, PATH_DOORBELL
+    je ring
+    # Bypass: ring only an engine that advertises sleeping (docs/abi.md §4: store, full fence,
+    # load the flag).
+    mfence
+    cmp dword ptr [rbx + ENGINE_SLEEPING], 0
+    je sent
+ring:
+    mov rax, [r15 + BI_DOORBELL_ADDR]
+    mov [rax], rcx
+    inc qword ptr [r15 + BI_DOORBELLS]
+    jmp sent
+send_mediated:
+    mov rax, [r15 + BI_MEDIATE_ADDR]
+    mov [rax + MEDIATE_SEND], rdx
+sent:
     xor edi, edi
 
 wait_rx:
     cmp rdi, [rsp + S_NEED]
     je message_done
+    cmp qword ptr [r15 + BI_PATH], PATH_MEDIATED
+    je recv_mediated
     mov eax, [rbx + RX_HEAD]
+    jmp rx_head_read
+recv_mediated:
+    mov rax, [r15 + BI_MEDIATE_ADDR]
+    mov eax, [rax + MEDIATE_RECV]
+rx_head_read:
     cmp eax, r13d
     jne arrived
     mov eax, [rbx + H_FAULT]
@@ -267,6 +319,17 @@ consumed:
     jmp wait_rx
 
 message_done:
+    mov rsi, [r15 + BI_TIMES]
+    test rsi, rsi
+    jz timed
+    cmp rcx, [r15 + BI_TIMES_LEN]
+    jae timed
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    sub rax, [rsp + S_T0]
+    mov [rsi + rcx * 8], rax
+timed:
     inc rcx
     mov [r15 + BI_DONE], rcx
     jmp next

@@ -65,6 +65,12 @@ pub enum MicroVmError {
         /// The program's boot-info report at that moment.
         progress: String,
     },
+    /// The VMM's doorbell relay (its eventfd) failed.
+    #[error("doorbell relay: {0}")]
+    Relay(#[source] std::io::Error),
+    /// The guest program broke the contract of its data path.
+    #[error("the guest program: {0}")]
+    BadGuest(String),
     /// The vCPU's statistics file could not be opened or read.
     #[error("KVM binary statistics: {0}")]
     Stats(#[source] std::io::Error),

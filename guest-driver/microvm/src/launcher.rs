@@ -3,13 +3,15 @@
 //! It connects to the daemon as a [`HostGuest`] (which creates the memfd guest memory and
 //! brings up virtio-net over vhost-user), creates the channel through the control path on the
 //! guest program's behalf (Pending, then Success), registers the very same memory as the KVM
-//! memslot, loads the program and its boot-info page from that memory's allocator, and runs the
-//! vCPU until the program's final MMIO exit. The host side never touches the channel while the
-//! program runs; it destroys it afterwards.
+//! memslot, registers the doorbell's ioeventfd, loads the program and its boot-info page from
+//! that memory's allocator, and runs the vCPU until the program's final MMIO exit. While it
+//! runs, a VMM thread relays the doorbell's signals to the engine ([`relay_doorbells`]) and, on
+//! the mediated path, the vCPU thread emulates the device's registers ([`Mediator`]); otherwise
+//! the host side never touches the channel while the program runs. It destroys it afterwards.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use log::info;
@@ -19,12 +21,15 @@ use svnic_host_frontend::host_guest::CreateState;
 use svnic_host_frontend::virtio_user::MemfdMemory;
 use svnic_host_frontend::HostGuest;
 
-use crate::boot_info::BI_DONE;
+use crate::boot_info::{BI_DONE, BI_DOORBELLS};
 use crate::detect;
 use crate::error::MicroVmError;
-use crate::program::{load_bypass, read_bypass, BypassArgs, BypassResult, Payload};
-use crate::stats::{Snapshot, VcpuStats};
-use crate::vcpu::{run_until_exit, RunOutcome};
+use crate::path::{
+    register_doorbell, relay_doorbells, DataPath, EngineSide, Mediator, MediatorStats, RelayStats,
+};
+use crate::program::{load_bypass, read_bypass, read_times, BypassArgs, BypassResult, Payload};
+use crate::stats::{ExitCounts, Snapshot, VcpuStats};
+use crate::vcpu::{run_with, RunOutcome};
 use crate::vm::{load, MicroVm, EXIT_GPA};
 
 /// What to run.
@@ -47,8 +52,15 @@ pub struct BypassConfig {
     pub seed: u64,
     /// User-data or DMA-data.
     pub payload: Payload,
+    /// How the program's messages reach the engine.
+    pub path: DataPath,
+    /// Round trips the program times (the first `times` messages; 0 for none).
+    pub times: u64,
     /// Longest wait for the create answer, and for the program to finish.
     pub timeout: Duration,
+    /// Waited on once the channel exists, before the program starts: micro-VMs that talk to
+    /// each other start together, each once the other's channel can receive.
+    pub start: Option<Arc<Barrier>>,
 }
 
 /// What happened.
@@ -68,6 +80,14 @@ pub struct BypassReport {
     pub stats: Option<Snapshot>,
     /// The statistics over a window of the run in the steady state, if one was seen.
     pub steady: Option<Window>,
+    /// The data path it ran.
+    pub path: DataPath,
+    /// What the VMM's doorbell relay did.
+    pub relay: RelayStats,
+    /// What the mediator did (the mediated path only).
+    pub mediator: Option<MediatorStats>,
+    /// The round trips the program timed, in TSC ticks.
+    pub times: Vec<u64>,
 }
 
 /// KVM's statistics over the messages `from..to` of a run, read while the vCPU ran: after every
@@ -81,6 +101,9 @@ pub struct Window {
     pub to: u64,
     /// The counters over the window (second − first).
     pub stats: Snapshot,
+    /// Doorbells the program rang between the two snapshots (at most: from just before the
+    /// first to just after the second).
+    pub doorbells: u64,
 }
 
 impl Window {
@@ -112,21 +135,25 @@ fn watch_window(
     running: &AtomicBool,
 ) -> Option<Window> {
     let done = || load::<u64>(memory, info + BI_DONE).ok();
-    let mut first: Option<(u64, Snapshot)> = None;
+    let rung = || load::<u64>(memory, info + BI_DOORBELLS).ok();
+    let mut first: Option<(u64, u64, Snapshot)> = None;
     while running.load(Ordering::Acquire) {
         let now = done()?;
         match &first {
             None if now >= bounds.0 => {
+                let bells = rung()?;
                 let snap = stats.snapshot().ok()?;
-                first = Some((done()?, snap));
+                first = Some((done()?, bells, snap));
             }
-            Some((from, before)) if now >= bounds.1 => {
+            Some((from, bells, before)) if now >= bounds.1 => {
                 let snap = stats.snapshot().ok()?;
                 let to = done()?;
+                let bells_after = rung()?;
                 return (to < count).then(|| Window {
                     from: *from,
                     to: now,
                     stats: snap.since(before),
+                    doorbells: bells_after.saturating_sub(*bells),
                 });
             }
             _ => std::thread::sleep(Duration::from_millis(1)),
@@ -139,6 +166,19 @@ impl BypassReport {
     /// Whether every reply arrived intact and in order.
     pub fn ok(&self) -> bool {
         self.result.result == crate::boot_info::RESULT_OK && self.result.done == self.count
+    }
+
+    /// The exits of the whole run by kind (user-space exits as the launcher counted them), if
+    /// the kernel has binary statistics.
+    pub fn exits(&self) -> Option<ExitCounts> {
+        let s = self.stats.as_ref()?;
+        Some(ExitCounts::from_snapshot(s, Some(self.run.user_exits)))
+    }
+
+    /// The exits over the steady-state window by kind, if one was seen.
+    pub fn steady_exits(&self) -> Option<ExitCounts> {
+        let w = self.steady.as_ref()?;
+        Some(ExitCounts::from_snapshot(&w.stats, None))
     }
 }
 
@@ -165,7 +205,8 @@ pub fn run_bypass(cfg: &BypassConfig) -> Result<BypassReport, MicroVmError> {
     );
     cfg.payload.check(channel.layout())?;
     let mut vm = MicroVm::new(&kvm, Arc::clone(guest.memory()))?;
-    let info = load_bypass(
+    let evt = register_doorbell(vm.vm())?;
+    let loaded = load_bypass(
         &vm,
         BypassArgs {
             channel_gpa,
@@ -173,24 +214,47 @@ pub fn run_bypass(cfg: &BypassConfig) -> Result<BypassReport, MicroVmError> {
             count: cfg.count,
             seed: cfg.seed,
             payload: cfg.payload,
+            path: cfg.path,
+            times: cfg.times,
         },
     )?;
+    let info = loaded.info;
+    if let Some(start) = &cfg.start {
+        start.wait();
+    }
     let stats = VcpuStats::open(vm.vcpu_mut()).ok();
     let before = stats.as_ref().map(VcpuStats::snapshot).transpose()?;
     let memory = Arc::clone(vm.memory());
+    let doorbell = guest.doorbell();
+    let side = EngineSide {
+        memory: &memory,
+        channel_gpa,
+        layout: *channel.layout(),
+        channel_id: channel.id(),
+        doorbell: &*doorbell,
+    };
     let running = AtomicBool::new(true);
-    let (memory, running, count) = (&memory, &running, cfg.count);
-    let (run, steady) = std::thread::scope(|s| {
+    let (memory, running, count, evt) = (&memory, &running, cfg.count, &evt);
+    let mut mediator = (cfg.path == DataPath::Mediated).then(|| Mediator::new(side));
+    let (run, steady, relay) = std::thread::scope(|s| {
         let watcher = match (&stats, window_bounds(cfg.count, cfg.ring_size)) {
             (Some(st), Some(bounds)) => {
                 Some(s.spawn(move || watch_window(memory, info, st, bounds, count, running)))
             }
             _ => None,
         };
-        let run = run_until_exit(vm.vcpu_mut(), EXIT_GPA, cfg.timeout);
+        let relay = s.spawn(move || relay_doorbells(evt, &side, running));
+        let run = match mediator.as_mut() {
+            Some(m) => run_with(vm.vcpu_mut(), EXIT_GPA, cfg.timeout, &mut |a| m.handle(a)),
+            None => run_with(vm.vcpu_mut(), EXIT_GPA, cfg.timeout, &mut |_| Ok(false)),
+        };
         running.store(false, Ordering::Release);
-        (run, watcher.and_then(|w| w.join().ok().flatten()))
+        let relay = relay
+            .join()
+            .unwrap_or_else(|_| Err(MicroVmError::Relay(std::io::Error::other("it panicked"))));
+        (run, watcher.and_then(|w| w.join().ok().flatten()), relay)
     });
+    let relay = relay?;
     let after = stats.as_ref().map(VcpuStats::snapshot).transpose()?;
     let run = match run {
         Err(MicroVmError::Timeout { waited }) => {
@@ -204,6 +268,7 @@ pub fn run_bypass(cfg: &BypassConfig) -> Result<BypassReport, MicroVmError> {
         other => other?,
     };
     let result = read_bypass(&vm, info)?;
+    let times = read_times(&vm, &loaded, result.done)?;
     guest.destroy_channel(channel, cfg.timeout)?;
     Ok(BypassReport {
         addr,
@@ -213,6 +278,10 @@ pub fn run_bypass(cfg: &BypassConfig) -> Result<BypassReport, MicroVmError> {
         run,
         stats: after.zip(before).map(|(a, b)| a.since(&b)),
         steady,
+        path: cfg.path,
+        relay,
+        mediator: mediator.map(|m| m.stats()),
+        times,
     })
 }
 

@@ -15,13 +15,19 @@
 //! - [`vcpu`]: the run loop, exit handling and its watchdog.
 //! - [`program`]: the guest programs (assembled by `build.rs` from `guest/`) and the boot-info
 //!   page ([`boot_info`]).
+//! - [`path`]: the three data paths (bypass, doorbell per message, VMM-mediated) and the VMM's
+//!   side of each: the ioeventfd doorbell relay and the mediating device.
 //! - [`stats`]: KVM's binary statistics of the vCPU (exit counters).
 //! - [`launcher`]: the wiring — connect, create the channel, load, run, report.
+//! - [`bench`](mod@bench): the three paths next to the host-process bypass and the cache-line floor,
+//!   measured alternately.
 //! - [`peer`]: the echo the program talks to (a host-process guest).
 
+pub mod bench;
 pub mod detect;
 pub mod error;
 pub mod launcher;
+pub mod path;
 pub mod peer;
 pub mod program;
 pub mod stats;
@@ -37,4 +43,5 @@ pub mod boot_info {
 pub use detect::{detect, detect_all, KvmReport, ModeProbe};
 pub use error::MicroVmError;
 pub use launcher::{run_bypass, BypassConfig, BypassReport, Window};
+pub use path::DataPath;
 pub use program::Payload;

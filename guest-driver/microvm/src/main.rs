@@ -3,9 +3,12 @@
 //!
 //! ```text
 //! svnic-microvm detect
-//! svnic-microvm bypass --socket PATH --peer MAC/ENDPOINT [--endpoint N] [--count N]
-//!                      [--dma-len BYTES] [--ring-size N] [--memory-mib N] [--timeout-secs N]
+//! svnic-microvm bypass --socket PATH --peer MAC/ENDPOINT [--mode bypass|doorbell|mediated]
+//!                      [--endpoint N] [--count N] [--dma-len BYTES] [--ring-size N]
+//!                      [--memory-mib N] [--timeout-secs N]
 //! svnic-microvm echo --socket PATH [--endpoint N] [--count N] [--ring-size N] [--timeout-secs N]
+//!                    [--yields N]
+//! svnic-microvm bench --socket PATH --peer MAC/ENDPOINT [--rounds N] [--floor-cpus A,B] [...]
 //! ```
 //! `detect` exits 0 when 64-bit user mode runs natively, 2 when it does not, 1 on error.
 
@@ -13,16 +16,24 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use svnic_channels::{ChannelAddr, MacAddr};
+use svnic_client::WaitPolicy;
 use svnic_host_frontend::HostGuest;
-use svnic_microvm::{detect, detect_all, peer, run_bypass, BypassConfig, MicroVmError, Payload};
+use svnic_microvm::bench::{self, BenchConfig};
+use svnic_microvm::{
+    detect, detect_all, peer, run_bypass, BypassConfig, DataPath, MicroVmError, Payload,
+};
 
 const USAGE: &str = concat!(
     "usage: svnic-microvm detect\n",
-    "       svnic-microvm bypass --socket PATH --peer MAC/ENDPOINT [--endpoint N] [--count N]\n",
+    "       svnic-microvm bypass --socket PATH --peer MAC/ENDPOINT\n",
+    "                            [--mode bypass|doorbell|mediated] [--endpoint N] [--count N]\n",
     "                            [--dma-len BYTES] [--ring-size N] [--memory-mib N]\n",
     "                            [--timeout-secs N]\n",
     "       svnic-microvm echo --socket PATH [--endpoint N] [--count N] [--ring-size N]\n",
-    "                          [--timeout-secs N]",
+    "                          [--timeout-secs N] [--yields N]\n",
+    "       svnic-microvm bench --socket PATH --peer MAC/ENDPOINT [--rounds N] [--floor-cpus A,B]\n",
+    "                           [--endpoint N] [--count N] [--ring-size N] [--memory-mib N]\n",
+    "                           [--timeout-secs N]",
 );
 
 fn main() -> ExitCode {
@@ -30,7 +41,8 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("detect") if args.len() == 1 => cmd_detect(),
         Some("bypass") => parse(&args[1..], true).and_then(|cfg| cmd_bypass(&cfg)),
-        Some("echo") => parse(&args[1..], false).and_then(|cfg| cmd_echo(&cfg)),
+        Some("echo") => parse_echo(&args[1..]).and_then(|(cfg, wait)| cmd_echo(&cfg, wait)),
+        Some("bench") => parse_bench(&args[1..]).and_then(|cfg| cmd_bench(&cfg)),
         _ => Err(USAGE.to_string()),
     };
     match result {
@@ -57,7 +69,8 @@ fn cmd_bypass(cfg: &BypassConfig) -> Result<ExitCode, String> {
     println!("{report}");
     let r = run_bypass(cfg).map_err(|e| e.to_string())?;
     println!(
-        "bypass: {} → {}: {} of {} messages; {}",
+        "{}: {} → {}: {} of {} messages; {}",
+        r.path,
         r.addr,
         cfg.peer,
         r.result.done,
@@ -68,17 +81,38 @@ fn cmd_bypass(cfg: &BypassConfig) -> Result<ExitCode, String> {
         "run: {:?}, {} user-space exit(s) ({} by signals)",
         r.run.elapsed, r.run.user_exits, r.run.interrupted
     );
-    match &r.stats {
-        Some(s) => println!("KVM exit counters over the run: {:?}", s.exits()),
-        None => println!("KVM exit counters: no binary statistics on this kernel"),
-    }
-    if let Some(w) = &r.steady {
+    println!(
+        "{} path: doorbell relay: {} signal(s) in {} wakeup(s), {} Doorbell frame(s) to a \
+         sleeping engine",
+        r.path, r.relay.signals, r.relay.wakeups, r.relay.frames
+    );
+    if let Some(m) = &r.mediator {
         println!(
-            "KVM exit counters over {} messages in the steady state (replies {}..{}): {:?}",
+            "mediator: {} message(s) handed over, {} receive load(s) ({} empty), {} Doorbell \
+             frame(s)",
+            m.sends, m.recvs, m.empty_recvs, m.frames
+        );
+    }
+    match (&r.stats, r.exits()) {
+        (Some(s), Some(e)) => {
+            println!("KVM exit counters over the run: {:?}", s.exits());
+            println!("over the run, {}", e.describe_per_message(r.count));
+        }
+        _ => println!("KVM exit counters: no binary statistics on this kernel"),
+    }
+    if let (Some(w), Some(e)) = (&r.steady, r.steady_exits()) {
+        println!(
+            "KVM exit counters over {} messages in the steady state (replies {}..{}, {} \
+             doorbell(s)): {:?}",
             w.messages(),
             w.from,
             w.to,
+            w.doorbells,
             w.stats.exits()
+        );
+        println!(
+            "in the steady state, {}",
+            e.describe_per_message(w.messages())
         );
     }
     Ok(if r.ok() {
@@ -89,17 +123,93 @@ fn cmd_bypass(cfg: &BypassConfig) -> Result<ExitCode, String> {
 }
 
 /// Answers `cfg.count` messages on a channel at `cfg.endpoint` of the guest at `cfg.socket`
-/// (`cfg.timeout`: longest silence, and the create's wait).
-fn cmd_echo(cfg: &BypassConfig) -> Result<ExitCode, String> {
+/// (`cfg.timeout`: longest silence, and the create's wait), waiting as `wait` says.
+fn cmd_echo(cfg: &BypassConfig, wait: WaitPolicy) -> Result<ExitCode, String> {
     let e = |e: MicroVmError| e.to_string();
     let guest = HostGuest::connect(&cfg.socket, cfg.memory_size).map_err(|e| e.to_string())?;
     let mut ch = guest
         .create_channel(cfg.endpoint, cfg.ring_size, cfg.timeout)
         .map_err(|e| e.to_string())?;
+    ch.set_wait_policy(wait);
     eprintln!("svnic-microvm echo: ready at {}", ch.addr());
     peer::echo(&guest, &mut ch, cfg.count, cfg.timeout, |_, _| {}).map_err(e)?;
     println!("echoed {} messages", cfg.count);
     Ok(ExitCode::SUCCESS)
+}
+
+/// `bench`: `rounds` rounds of the three paths, the host-process bypass and the cache-line floor
+/// (see `svnic_microvm::bench`), each sample as it comes, then the summary.
+fn cmd_bench(cfg: &BenchConfig) -> Result<ExitCode, String> {
+    let report = detect().map_err(|e| format!("no usable KVM: {e}"))?;
+    println!("{report}");
+    println!(
+        "{} rounds of {} user-data round trips each; floor threads on CPUs {} and {}",
+        cfg.rounds, cfg.vm.count, cfg.floor_cpus.0, cfg.floor_cpus.1
+    );
+    let samples = bench::run(cfg, |round, s| println!("{}", bench::describe(round, s)))
+        .map_err(|e| e.to_string())?;
+    println!("\n{}", bench::summary(&samples));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Takes the options named in `names` (each with a value) out of `args`: their values, in the
+/// order of `names` (the last one given wins), and the other arguments.
+fn take_options(
+    args: &[String],
+    names: &[&str],
+) -> Result<(Vec<Option<String>>, Vec<String>), String> {
+    let mut values = vec![None; names.len()];
+    let mut rest = Vec::new();
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        match names.iter().position(|n| n == flag) {
+            Some(k) => {
+                let value = it
+                    .next()
+                    .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
+                values[k] = Some(value.clone());
+            }
+            None => rest.push(flag.clone()),
+        }
+    }
+    Ok((values, rest))
+}
+
+/// The options of `bench`: those of `bypass`, and `--rounds` (default 3) and `--floor-cpus`
+/// (default 0,1).
+fn parse_bench(args: &[String]) -> Result<BenchConfig, String> {
+    let (values, rest) = take_options(args, &["--rounds", "--floor-cpus"])?;
+    let rounds = match &values[0] {
+        Some(v) => v.parse().map_err(|e| format!("--rounds {v}: {e}"))?,
+        None => 3,
+    };
+    let floor_cpus = match &values[1] {
+        Some(v) => {
+            let bad = |e: std::num::ParseIntError| format!("--floor-cpus {v}: {e}");
+            let (a, b) = v
+                .split_once(',')
+                .ok_or_else(|| format!("--floor-cpus {v}: expected A,B"))?;
+            (a.parse().map_err(bad)?, b.parse().map_err(bad)?)
+        }
+        None => (0, 1),
+    };
+    Ok(BenchConfig {
+        vm: parse(&rest, true)?,
+        rounds,
+        floor_cpus,
+    })
+}
+
+/// The options of `echo`: those of `parse` without a peer, and `--yields N`, the polls that
+/// yield the CPU before the echo sleeps until the engine wakes it (the channel API's default
+/// otherwise).
+fn parse_echo(args: &[String]) -> Result<(BypassConfig, WaitPolicy), String> {
+    let (values, rest) = take_options(args, &["--yields"])?;
+    let mut policy = WaitPolicy::default();
+    if let Some(v) = &values[0] {
+        policy.yields = v.parse().map_err(|e| format!("--yields {v}: {e}"))?;
+    }
+    Ok((parse(&rest, false)?, policy))
 }
 
 /// The options of `bypass` (`needs_peer`) and `echo`.
@@ -116,7 +226,10 @@ fn parse(args: &[String], needs_peer: bool) -> Result<BypassConfig, String> {
         count: 1000,
         seed: 0x5eed_0000_0000,
         payload: Payload::UserData,
+        path: DataPath::Bypass,
+        times: 0,
         timeout: Duration::from_secs(10),
+        start: None,
     };
     let (mut socket, mut peer) = (false, false);
     let mut it = args.iter();
@@ -162,6 +275,7 @@ fn parse(args: &[String], needs_peer: bool) -> Result<BypassConfig, String> {
                     .parse()
                     .map_err(|e| format!("--ring-size {value}: {e}"))?
             }
+            "--mode" => cfg.path = value.parse()?,
             "--memory-mib" => cfg.memory_size = num()?.saturating_mul(1 << 20),
             "--timeout-secs" => cfg.timeout = Duration::from_secs(num()?),
             _ => return Err(format!("unknown option {flag}\n{USAGE}")),
@@ -188,7 +302,7 @@ mod tests {
         let cfg = parse(
             &args(
                 "--socket /s --peer 52:54:00:00:00:02/7 --endpoint 3 --count 5 --dma-len 4096 \
-                 --ring-size 64 --memory-mib 32 --timeout-secs 2",
+                 --ring-size 64 --memory-mib 32 --timeout-secs 2 --mode mediated",
             ),
             true,
         )
@@ -206,9 +320,12 @@ mod tests {
             (3, 5, Payload::DmaData { len: 4096 }, 64)
         );
         assert_eq!(
-            (cfg.memory_size, cfg.timeout),
-            (32 << 20, Duration::from_secs(2))
+            (cfg.memory_size, cfg.timeout, cfg.path),
+            (32 << 20, Duration::from_secs(2), DataPath::Mediated)
         );
+        let mode = |m: &str| parse(&args(&format!("--socket /s --mode {m}")), false);
+        assert_eq!(mode("bypass").map(|c| c.path), Ok(DataPath::Bypass));
+        assert_eq!(mode("doorbell").map(|c| c.path), Ok(DataPath::Doorbell));
     }
 
     #[test]
@@ -232,10 +349,49 @@ mod tests {
         refused("--socket /s --count", false, "--count needs a value");
         refused("--socket /s --count many", false, "--count many");
         refused("--socket /s --dma-len -1", false, "--dma-len -1");
+        refused("--socket /s --mode fast", false, "unknown mode \"fast\"");
         refused(
             "--socket /s --frobnicate 1",
             false,
             "unknown option --frobnicate",
         );
+    }
+
+    #[test]
+    fn bench_options_add_rounds_and_floor_cpus_to_those_of_bypass() {
+        let cfg = parse_bench(&args(
+            "--rounds 5 --socket /s --floor-cpus 1,0 --peer 52:54:00:00:00:02/7 --count 9",
+        ))
+        .expect("valid options");
+        assert_eq!((cfg.rounds, cfg.floor_cpus, cfg.vm.count), (5, (1, 0), 9));
+        let defaults =
+            parse_bench(&args("--socket /s --peer 52:54:00:00:00:02/7")).expect("defaults");
+        assert_eq!((defaults.rounds, defaults.floor_cpus), (3, (0, 1)));
+        for (line, want) in [
+            (
+                "--socket /s --peer 52:54:00:00:00:02/7 --rounds",
+                "--rounds needs a value",
+            ),
+            (
+                "--socket /s --peer 52:54:00:00:00:02/7 --floor-cpus 1",
+                "expected A,B",
+            ),
+            (
+                "--socket /s --peer 52:54:00:00:00:02/7 --floor-cpus a,1",
+                "--floor-cpus a,1",
+            ),
+            ("--socket /s", "needs --socket and --peer"),
+        ] {
+            let e = parse_bench(&args(line)).expect_err(line);
+            assert!(e.contains(want), "{line}: {e}");
+        }
+        let (cfg, wait) = parse_echo(&args("--yields 7 --socket /s --count 3")).expect("echo");
+        assert_eq!((wait.yields, wait.spins, cfg.count), (7, 200, 3));
+        assert_eq!(
+            parse_echo(&args("--socket /s")).map(|(_, w)| w.yields),
+            Ok(WaitPolicy::default().yields)
+        );
+        let e = parse_echo(&args("--socket /s --yields x")).expect_err("bad --yields");
+        assert!(e.contains("--yields x"), "{e}");
     }
 }

@@ -14,9 +14,11 @@ use svnic_channels::{ChannelAddr, ChannelLayout};
 
 use crate::boot_info::*;
 use crate::error::MicroVmError;
-use crate::vm::{load, write, MicroVm, EXIT_GPA, PAGE};
+use crate::path::DataPath;
+use crate::vm::{load, write, MicroVm, DOORBELL_GPA, EXIT_GPA, MEDIATE_GPA, PAGE};
 
-/// The bypass program: N user-data messages to a peer, N replies checked.
+/// The bypass program: N user-data or DMA-data messages to a peer, N replies checked, on any of
+/// the three data paths ([`DataPath`]).
 pub const BYPASS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/bypass.bin"));
 /// The detection probe: increments a counter N times.
 pub const PROBE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/probe.bin"));
@@ -66,6 +68,19 @@ pub struct BypassArgs {
     pub seed: u64,
     /// User-data or DMA-data.
     pub payload: Payload,
+    /// How messages reach the engine.
+    pub path: DataPath,
+    /// Round trips to time (the first `times` messages; 0 for none).
+    pub times: u64,
+}
+
+/// Where the program's boot-info page and round-trip times lie.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Loaded {
+    /// The boot-info page.
+    pub info: u64,
+    /// The round-trip array (0 if none), and its entries.
+    pub times: (u64, u64),
 }
 
 /// What the bypass program reported.
@@ -77,6 +92,8 @@ pub struct BypassResult {
     pub done: u64,
     /// The completion status or fault code of some failures.
     pub detail: u64,
+    /// Doorbells it rang.
+    pub doorbells: u64,
 }
 
 impl BypassResult {
@@ -97,8 +114,8 @@ impl BypassResult {
             _ => "unknown result code",
         };
         format!(
-            "{what} (result {}, {} replies checked, detail {})",
-            self.result, self.done, self.detail
+            "{what} (result {}, {} replies checked, detail {}, {} doorbell(s))",
+            self.result, self.done, self.detail, self.doorbells
         )
     }
 }
@@ -112,14 +129,22 @@ fn mac_word(peer: ChannelAddr) -> u64 {
 }
 
 /// Loads the bypass program and its boot-info page into `vm` and points the vCPU at it.
-/// Returns the boot-info page's guest-physical address.
-pub fn load_bypass(vm: &MicroVm, args: BypassArgs) -> Result<u64, MicroVmError> {
+pub fn load_bypass(vm: &MicroVm, args: BypassArgs) -> Result<Loaded, MicroVmError> {
     let (mode, dma_len) = match args.payload {
         Payload::UserData => (MODE_USER_DATA, 0),
         Payload::DmaData { len } => (MODE_DMA_DATA, u64::from(len)),
     };
     let code = vm.load(BYPASS)?;
     let info = vm.alloc_page()?;
+    let times = match args.times {
+        0 => 0,
+        n => {
+            let bytes = n.checked_mul(8).ok_or_else(|| {
+                MicroVmError::BadConfig(format!("{n} round-trip times do not fit in memory"))
+            })?;
+            vm.memory().alloc(bytes, PAGE)?
+        }
+    };
     let fields = [
         (BI_MAGIC, BOOT_MAGIC),
         (BI_CHANNEL, args.channel_gpa),
@@ -130,12 +155,28 @@ pub fn load_bypass(vm: &MicroVm, args: BypassArgs) -> Result<u64, MicroVmError> 
         (BI_EXIT_ADDR, EXIT_GPA),
         (BI_MODE, mode),
         (BI_DMA_LEN, dma_len),
+        (BI_PATH, args.path.code()),
+        (BI_DOORBELL_ADDR, DOORBELL_GPA),
+        (BI_MEDIATE_ADDR, MEDIATE_GPA),
+        (BI_TIMES, times),
+        (BI_TIMES_LEN, args.times),
     ];
     for (offset, value) in fields {
         write(vm.memory(), info + offset, &value.to_le_bytes())?;
     }
     vm.set_entry(code, [info, 0, 0])?;
-    Ok(info)
+    Ok(Loaded {
+        info,
+        times: (times, args.times),
+    })
+}
+
+/// The round trips the program timed, in TSC ticks (the first `min(done, entries)` messages).
+pub fn read_times(vm: &MicroVm, loaded: &Loaded, done: u64) -> Result<Vec<u64>, MicroVmError> {
+    let (at, entries) = loaded.times;
+    (0..done.min(entries))
+        .map(|i| load::<u64>(vm.memory(), at + 8 * i))
+        .collect()
 }
 
 /// Reads what the bypass program reported in its boot-info page at `info`.
@@ -144,6 +185,7 @@ pub fn read_bypass(vm: &MicroVm, info: u64) -> Result<BypassResult, MicroVmError
         result: load::<u64>(vm.memory(), info + BI_RESULT)?,
         done: load::<u64>(vm.memory(), info + BI_DONE)?,
         detail: load::<u64>(vm.memory(), info + BI_DETAIL)?,
+        doorbells: load::<u64>(vm.memory(), info + BI_DOORBELLS)?,
     })
 }
 
@@ -178,6 +220,12 @@ mod tests {
             BI_DETAIL,
             BI_MODE,
             BI_DMA_LEN,
+            BI_PATH,
+            BI_DOORBELL_ADDR,
+            BI_MEDIATE_ADDR,
+            BI_DOORBELLS,
+            BI_TIMES,
+            BI_TIMES_LEN,
         ];
         fields.sort_unstable();
         for w in fields.windows(2) {

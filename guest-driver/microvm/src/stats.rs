@@ -77,6 +77,74 @@ impl Snapshot {
     }
 }
 
+/// A run's (or a window's) exits by kind, from KVM's counters. Every VM exit is counted in
+/// `exits`; of those, the ones that returned to the VMM are user-space exits, the rest stayed in
+/// the host kernel.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExitCounts {
+    /// Exits to the VMM (user space): the `user_space` given, or else KVM's `mmio_exits` +
+    /// `io_exits` (the program's only exits to the VMM are MMIO accesses).
+    pub user_space: u64,
+    /// Exits handled in the host kernel (`exits` − `user_space`).
+    pub in_kernel: u64,
+    /// Of those, host interrupts (`irq_exits`: timer ticks, IPIs).
+    pub irq: u64,
+    /// Of those, `hlt` (`halt_exits`).
+    pub halt: u64,
+    /// Of those, first touches of guest pages (`pf_fixed`).
+    pub page_faults: u64,
+    /// The rest: guest stores to a registered ioeventfd (the doorbell), each an emulated
+    /// store, signalled in the kernel.
+    pub doorbell: u64,
+    /// Instructions the host kernel emulated (`insn_emulation`): MMIO stores and loads.
+    pub emulated: u64,
+}
+
+impl ExitCounts {
+    /// The counts of `s`, with the exits to user space the launcher counted, if it did.
+    pub fn from_snapshot(s: &Snapshot, user_space: Option<u64>) -> Self {
+        let n = |name| s.get(name).unwrap_or(0);
+        let user_space = user_space.unwrap_or(n("mmio_exits") + n("io_exits"));
+        let in_kernel = n("exits").saturating_sub(user_space);
+        let (irq, halt, page_faults) = (n("irq_exits"), n("halt_exits"), n("pf_fixed"));
+        ExitCounts {
+            user_space,
+            in_kernel,
+            irq,
+            halt,
+            page_faults,
+            doorbell: in_kernel.saturating_sub(irq + halt + page_faults),
+            emulated: n("insn_emulation"),
+        }
+    }
+
+    /// The counts divided by `messages` (user space, in kernel, irq, halt, page faults,
+    /// doorbell, emulated), or all zero for no messages.
+    pub fn per_message(&self, messages: u64) -> [f64; 7] {
+        let m = messages.max(1) as f64;
+        [
+            self.user_space,
+            self.in_kernel,
+            self.irq,
+            self.halt,
+            self.page_faults,
+            self.doorbell,
+            self.emulated,
+        ]
+        .map(|v| if messages == 0 { 0.0 } else { v as f64 / m })
+    }
+
+    /// "user-space X, in-kernel Y (irq, halt, page faults, doorbell), emulated Z" per message.
+    pub fn describe_per_message(&self, messages: u64) -> String {
+        let [u, k, irq, halt, pf, bell, emu] = self.per_message(messages);
+        format!(
+            "per message: {u:.3} user-space exits, {k:.3} in-kernel exits ({irq:.3} host \
+             interrupts, {halt:.3} halts, {pf:.3} page faults, {bell:.3} doorbells), {emu:.3} \
+             emulated instructions"
+        )
+    }
+}
+
 fn le_u32(b: &[u8], at: usize) -> u32 {
     let mut w = [0u8; 4];
     if let Some(s) = b.get(at..at + 4) {
@@ -206,6 +274,35 @@ mod tests {
         assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
         // SAFETY: a fresh descriptor nobody else owns.
         unsafe { File::from_raw_fd(fd) }
+    }
+
+    #[test]
+    fn exit_counts_split_the_kernel_exits_by_kind() {
+        let s = Snapshot(vec![
+            ("exits".into(), 1030),
+            ("mmio_exits".into(), 1),
+            ("irq_exits".into(), 17),
+            ("pf_fixed".into(), 12),
+            ("insn_emulation".into(), 1001),
+        ]);
+        let c = ExitCounts::from_snapshot(&s, None);
+        assert_eq!(
+            c,
+            ExitCounts {
+                user_space: 1,
+                in_kernel: 1029,
+                irq: 17,
+                halt: 0,
+                page_faults: 12,
+                doorbell: 1000,
+                emulated: 1001,
+            }
+        );
+        // The launcher's count of user-space exits wins over KVM's MMIO and port exits.
+        assert_eq!(ExitCounts::from_snapshot(&s, Some(30)).in_kernel, 1000);
+        assert_eq!(c.per_message(1000)[5], 1.0);
+        assert_eq!(c.per_message(0), [0.0; 7]);
+        assert!(c.describe_per_message(1000).contains("1.000 doorbells"));
     }
 
     #[test]

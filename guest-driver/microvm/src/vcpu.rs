@@ -1,4 +1,5 @@
-//! The vCPU run loop: run until the guest stores to the exit address, with a watchdog.
+//! The vCPU run loop: run until the guest stores to the exit address, with a watchdog, handing
+//! other MMIO accesses to the VMM's handler (the mediated path's device registers).
 //!
 //! A guest program that never reaches its exit (a peer that never answers) would keep `KVM_RUN`
 //! in the kernel forever; the watchdog interrupts it with a real-time signal aimed at the
@@ -44,12 +45,35 @@ fn install_handler() -> Result<(), MicroVmError> {
         .map_err(MicroVmError::Watchdog)
 }
 
+/// An MMIO access of the guest other than its final store, for the VMM to emulate.
+#[derive(Debug)]
+pub enum Mmio<'a> {
+    /// A store of `data` at the address.
+    Write(u64, &'a [u8]),
+    /// A load at the address, whose value the VMM writes into the slice.
+    Read(u64, &'a mut [u8]),
+}
+
+/// Emulates an MMIO access: `Ok(true)` if handled (the guest resumes), `Ok(false)` if the
+/// address is not the handler's (the run fails with an unexpected exit).
+pub type MmioHandler<'h> = dyn FnMut(Mmio<'_>) -> Result<bool, MicroVmError> + 'h;
+
 /// Runs `vcpu` until it stores to `exit_gpa`, or fails after `timeout`. Any other exit to
 /// user space is an error, except an interruption by a signal (counted and resumed).
 pub fn run_until_exit(
     vcpu: &mut VcpuFd,
     exit_gpa: u64,
     timeout: Duration,
+) -> Result<RunOutcome, MicroVmError> {
+    run_with(vcpu, exit_gpa, timeout, &mut |_| Ok(false))
+}
+
+/// [`run_until_exit`], handing every other MMIO access to `mmio` first.
+pub fn run_with(
+    vcpu: &mut VcpuFd,
+    exit_gpa: u64,
+    timeout: Duration,
+    mmio: &mut MmioHandler<'_>,
 ) -> Result<RunOutcome, MicroVmError> {
     install_handler()?;
     // SAFETY: pthread_self has no preconditions.
@@ -78,7 +102,7 @@ pub fn run_until_exit(
                 }
             }
         });
-        let result = run_loop(vcpu, exit_gpa, timeout, fired);
+        let result = run_loop(vcpu, exit_gpa, timeout, fired, mmio);
         drop(stop);
         result
     })
@@ -89,6 +113,7 @@ fn run_loop(
     exit_gpa: u64,
     timeout: Duration,
     fired: &AtomicBool,
+    mmio: &mut MmioHandler<'_>,
 ) -> Result<RunOutcome, MicroVmError> {
     let start = Instant::now();
     let mut user_exits = 0u64;
@@ -109,10 +134,20 @@ fn run_loop(
                 });
             }
             Ok(VcpuExit::MmioWrite(addr, data)) => {
-                format!("MMIO write of {} bytes at {addr:#x}", data.len())
+                let len = data.len();
+                if mmio(Mmio::Write(addr, data))? {
+                    String::new()
+                } else {
+                    format!("MMIO write of {len} bytes at {addr:#x}")
+                }
             }
             Ok(VcpuExit::MmioRead(addr, data)) => {
-                format!("MMIO read of {} bytes at {addr:#x}", data.len())
+                let len = data.len();
+                if mmio(Mmio::Read(addr, data))? {
+                    String::new()
+                } else {
+                    format!("MMIO read of {len} bytes at {addr:#x}")
+                }
             }
             Ok(VcpuExit::IoOut(port, _)) => format!("port write to {port:#x}"),
             Ok(VcpuExit::IoIn(port, _)) => format!("port read from {port:#x}"),

@@ -23,6 +23,11 @@ pub const MAPPED: u64 = 1 << 30;
 /// The address the guest programs store to when they are done: the last page of the mapped
 /// range, never part of the memslot.
 pub const EXIT_GPA: u64 = MAPPED - PAGE;
+/// The doorbell address: a store there signals the ioeventfd the launcher registers (an
+/// in-kernel exit). In the same unbacked 2 MiB page as [`EXIT_GPA`].
+pub const DOORBELL_GPA: u64 = MAPPED - 2 * PAGE;
+/// The VMM-mediated path's register page: every access is an exit to the VMM.
+pub const MEDIATE_GPA: u64 = MAPPED - 3 * PAGE;
 /// Largest guest memory: the mapped range less the 2 MiB page holding [`EXIT_GPA`].
 pub const MAX_MEMORY: u64 = MAPPED - (2 << 20);
 
@@ -210,6 +215,25 @@ pub fn load<T: AtomicAccess>(memory: &MemfdMemory, gpa: u64) -> Result<T, MicroV
     memory
         .guest_memory()
         .load::<T>(GuestAddress(gpa), std::sync::atomic::Ordering::Acquire)
+        .map_err(|e| MicroVmError::Access {
+            addr: gpa,
+            why: e.to_string(),
+        })
+}
+
+/// Stores `value` to the aligned word at `gpa` (a single release store).
+pub fn store<T: AtomicAccess>(
+    memory: &MemfdMemory,
+    gpa: u64,
+    value: T,
+) -> Result<(), MicroVmError> {
+    memory
+        .guest_memory()
+        .store(
+            value,
+            GuestAddress(gpa),
+            std::sync::atomic::Ordering::Release,
+        )
         .map_err(|e| MicroVmError::Access {
             addr: gpa,
             why: e.to_string(),

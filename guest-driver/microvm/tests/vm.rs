@@ -15,7 +15,7 @@ use svnic_microvm::detect::open;
 use svnic_microvm::program::{load_bypass, read_bypass, BypassArgs, Payload, PROBE};
 use svnic_microvm::vcpu::run_until_exit;
 use svnic_microvm::vm::{write, MicroVm, EXIT_GPA};
-use svnic_microvm::{detect, MicroVmError, ModeProbe};
+use svnic_microvm::{detect, DataPath, MicroVmError, ModeProbe};
 
 fn usable() -> bool {
     match detect() {
@@ -74,8 +74,10 @@ fn the_bypass_program_refuses_a_missing_boot_magic_and_an_unready_channel() {
         count: 10,
         seed: 0,
         payload: Payload::UserData,
+        path: DataPath::Bypass,
+        times: 0,
     };
-    let info = load_bypass(&vm, args).unwrap();
+    let info = load_bypass(&vm, args).unwrap().info;
     let run = run_until_exit(vm.vcpu_mut(), EXIT_GPA, Duration::from_secs(5)).unwrap();
     let got = read_bypass(&vm, info).unwrap();
     assert_eq!(
@@ -85,7 +87,7 @@ fn the_bypass_program_refuses_a_missing_boot_magic_and_an_unready_channel() {
 
     // The same with the boot-info page's magic overwritten.
     let mut vm = micro_vm();
-    let info = load_bypass(&vm, args).unwrap();
+    let info = load_bypass(&vm, args).unwrap().info;
     write(vm.memory(), info + BI_MAGIC, &0u64.to_le_bytes()).unwrap();
     let run = run_until_exit(vm.vcpu_mut(), EXIT_GPA, Duration::from_secs(5)).unwrap();
     assert_eq!(run.value, RESULT_BAD_MAGIC);
