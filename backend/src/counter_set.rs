@@ -27,6 +27,10 @@ macro_rules! counter_set {
         }
 
         impl $Snapshot {
+            /// Every counter's name, in the order declared.
+            #[allow(dead_code)]
+            pub const NAMES: &'static [&'static str] = &[$( stringify!($field) ),*];
+
             /// Every counter's value, in the order declared.
             pub fn values(&self) -> impl Iterator<Item = u64> {
                 [$( self.$field ),*].into_iter()

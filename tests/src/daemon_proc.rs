@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use svnic_backend::admin::{AdminResponse, ChannelView, EngineView, GuestView};
+use svnic_backend::admin::{AdminResponse, ChannelView, EngineView, GuestView, UplinkWorkerView};
 
 /// The workspace root (where `vm-images/` and `target/` are).
 pub fn repo_root() -> PathBuf {
@@ -242,6 +242,8 @@ pub struct ServeOptions {
     pub max_open_files: Option<u64>,
     /// More command-line arguments after the guests.
     pub extra_args: Vec<String>,
+    /// The network namespace it runs in (`ip netns exec`; none: the test's own).
+    pub netns: Option<String>,
 }
 
 impl Default for ServeOptions {
@@ -254,6 +256,7 @@ impl Default for ServeOptions {
             umask: None,
             max_open_files: None,
             extra_args: Vec::new(),
+            netns: None,
         }
     }
 }
@@ -272,7 +275,15 @@ pub struct Svnic {
 /// The `svnic serve` command line for `guests`, its admin socket in `dir`; stdout and stderr are
 /// left to the caller.
 pub fn serve_command(bin: &Path, dir: &Path, guests: &[GuestSpec], opts: &ServeOptions) -> Command {
-    let mut cmd = Command::new(bin);
+    // `ip netns exec` execs the daemon: its pid is the daemon's.
+    let mut cmd = match &opts.netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    };
     cmd.arg("serve");
     if let Some(n) = opts.workers {
         cmd.arg("--workers").arg(n.to_string());
@@ -515,6 +526,14 @@ impl Svnic {
         match self.ctl_json("engine")? {
             AdminResponse::Engine(view) => Ok(view),
             other => Err(format!("svnic ctl engine --json answered {other:?}")),
+        }
+    }
+
+    /// `svnic ctl uplink`: the uplink's interface and each worker's counters.
+    pub fn uplink(&self) -> Result<(Option<String>, Vec<UplinkWorkerView>), String> {
+        match self.ctl_json("uplink")? {
+            AdminResponse::Uplink { iface, workers } => Ok((iface, workers)),
+            other => Err(format!("svnic ctl uplink --json answered {other:?}")),
         }
     }
 

@@ -34,3 +34,4 @@ pub mod switch_fixture;
 pub mod vhost_frontend;
 pub mod vm;
 pub mod wait;
+pub mod wire_fixture;

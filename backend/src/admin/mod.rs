@@ -29,6 +29,24 @@ pub enum AdminRequest {
     Channels,
     /// Engine-wide counters.
     Engine,
+    /// The uplink's counters, per worker.
+    Uplink,
+}
+
+/// One worker's side of the uplink, as the operator sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UplinkWorkerView {
+    /// Worker index.
+    pub worker: usize,
+    /// Its counters by name (docs/wire.md, "Counters").
+    pub counters: std::collections::BTreeMap<String, u64>,
+}
+
+impl UplinkWorkerView {
+    /// The counter `name`, 0 if there is none.
+    pub fn get(&self, name: &str) -> u64 {
+        self.counters.get(name).copied().unwrap_or(0)
+    }
 }
 
 /// One guest, as the operator sees it.
@@ -187,6 +205,13 @@ pub enum AdminResponse {
     },
     /// Answer to [`AdminRequest::Engine`].
     Engine(EngineView),
+    /// Answer to [`AdminRequest::Uplink`].
+    Uplink {
+        /// The uplink's interface, if the daemon has one.
+        iface: Option<String>,
+        /// Each worker's counters.
+        workers: Vec<UplinkWorkerView>,
+    },
     /// The request could not be understood.
     Error {
         /// Why.
@@ -412,6 +437,27 @@ pub fn render(resp: &AdminResponse) -> String {
             ));
             s
         }
+        AdminResponse::Uplink { iface, workers } => match iface {
+            None => "no uplink\n".to_string(),
+            Some(iface) => {
+                let mut header = vec!["COUNTER".to_string()];
+                header.extend(workers.iter().map(|w| format!("WORKER-{}", w.worker)));
+                let header: Vec<&str> = header.iter().map(String::as_str).collect();
+                let names: Vec<&String> = workers
+                    .first()
+                    .map(|w| w.counters.keys().collect())
+                    .unwrap_or_default();
+                let rows: Vec<Vec<String>> = names
+                    .iter()
+                    .map(|n| {
+                        let mut row = vec![n.to_string()];
+                        row.extend(workers.iter().map(|w| w.get(n).to_string()));
+                        row
+                    })
+                    .collect();
+                format!("uplink {iface}\n{}", table(&header, &rows))
+            }
+        },
         AdminResponse::Error { message } => format!("error: {message}\n"),
     }
 }

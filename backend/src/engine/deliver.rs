@@ -46,6 +46,11 @@ pub(crate) enum Outcome {
     Blocked(CompletionStatus),
     /// The destination's own rings are broken: fault it (after unlocking), fail the message.
     DestinationBroken(FaultReason, RingError),
+    /// Taken for a remote destination: its completion follows the peer's acknowledgement.
+    Forwarded,
+    /// Its remote destination's session is full: it waits at the head of the TX ring, without
+    /// a deadline (the session's peer timeout bounds the wait).
+    Held,
 }
 
 /// A TX message, validated, ready to deliver.

@@ -268,6 +268,8 @@ pub(crate) fn step(
             job.dest.fault(reason, &err);
             Some(CompletionStatus::DestinationFaulted)
         }
+        // A local copy is never forwarded nor held by a session.
+        LargeStep::Done(Outcome::Forwarded | Outcome::Held) => None,
     };
     if let Some(status) = failed {
         let msg = job.progress.msg;

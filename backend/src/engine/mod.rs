@@ -13,11 +13,14 @@ mod deliver;
 #[cfg(feature = "dma-timing")]
 pub mod dma_timing;
 mod large_copy;
+mod remote;
 mod rx_lock;
 mod vector_copy;
+mod wire;
 pub(crate) mod worker;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use log::{debug, info, warn};
@@ -33,6 +36,7 @@ use vm_memory::GuestMemoryMmap;
 pub use channel::{EngineChannel, GuestWaker, RunState};
 pub use config::{ConfigError, EngineConfig, Placement};
 pub use counters::{ChannelStats, WorkerStats};
+pub use wire::{WireCounts, WireSetup, WireStats};
 pub use worker::{allowed_cpus, pin_to_cpu};
 
 use worker::WorkerHandle;
@@ -57,6 +61,9 @@ pub enum EngineError {
     /// No such guest.
     #[error("no guest with id {0}")]
     NoSuchGuest(u32),
+    /// The uplink could not be attached.
+    #[error("uplink: {0}")]
+    Uplink(String),
 }
 
 /// What a client learns when its channel is created.
@@ -84,6 +91,8 @@ struct Inner {
     workers: Vec<WorkerHandle>,
     guests: Mutex<HashMap<GuestId, GuestEntry>>,
     channels: Mutex<HashMap<ChannelId, Arc<EngineChannel>>>,
+    /// Whether the workers are on an uplink.
+    uplink: AtomicBool,
 }
 
 impl Drop for Inner {
@@ -141,8 +150,62 @@ impl Engine {
                 workers,
                 guests: Mutex::new(HashMap::new()),
                 channels: Mutex::new(HashMap::new()),
+                uplink: AtomicBool::new(false),
             }),
         })
+    }
+
+    /// Puts the workers on an uplink: `setups` holds one [`WireSetup`] per worker, in worker
+    /// order (each socket already joined to the uplink's fanout group at its worker's index).
+    /// Channels must be placed by endpoint hash, as the steering program places their frames.
+    pub fn attach_uplink(&self, setups: Vec<WireSetup>) -> Result<(), EngineError> {
+        if setups.len() != self.inner.workers.len() {
+            return Err(EngineError::Uplink(format!(
+                "{} uplink sockets for {} workers",
+                setups.len(),
+                self.inner.workers.len()
+            )));
+        }
+        if self.inner.config.placement != Placement::EndpointHash {
+            return Err(EngineError::Uplink(
+                "an uplink needs endpoint-hash placement".into(),
+            ));
+        }
+        let mut sides = Vec::with_capacity(setups.len());
+        for (w, setup) in self.inner.workers.iter().zip(setups) {
+            let side = wire::WireSide::new(
+                w.index,
+                setup,
+                w.wire_counters.clone(),
+                w.wire_published.clone(),
+            )
+            .map_err(EngineError::Uplink)?;
+            sides.push(side);
+        }
+        for (w, side) in self.inner.workers.iter().zip(sides) {
+            w.attach_wire(side);
+        }
+        self.inner.uplink.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Each worker's uplink counters (empty without an uplink).
+    pub fn wire_stats(&self) -> Vec<WireStats> {
+        if !self.inner.uplink.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        self.inner
+            .workers
+            .iter()
+            .map(|w| WireStats {
+                worker: w.index,
+                counts: w
+                    .wire_published
+                    .lock()
+                    .map(|c| *c)
+                    .unwrap_or_else(|e| *e.into_inner()),
+            })
+            .collect()
     }
 
     /// The configuration in force.
@@ -434,10 +497,9 @@ impl Engine {
     fn place(&self, endpoint: u32) -> usize {
         let n = self.inner.workers.len();
         match self.inner.config.placement {
-            Placement::EndpointHash => {
-                let h = u64::from(endpoint).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-                ((h >> 32) % n as u64) as usize
-            }
+            // The rule the uplink's steering program computes, so that frames from the wire
+            // reach the worker serving their channel.
+            Placement::EndpointHash => crate::uplink::packet::worker_of_endpoint(endpoint, n),
             Placement::LeastLoaded => {
                 let mut load = vec![0usize; n];
                 for c in lock(&self.inner.channels).values() {

@@ -27,12 +27,15 @@ use super::config::EngineConfig;
 use super::counters::{TxTally, WorkerCounters};
 use super::deliver::{parse_tx, DestRun, Outcome, PendingWakes, Tx};
 use super::large_copy::{self, LargeCopy, Next};
+use super::wire::{ServedChannels, WireCounters, WireCounts, WireSide};
 use super::EngineControlPlane;
 
 pub use super::cpu::{allowed_cpus, pin_to_cpu};
 
 pub(crate) enum Command {
     Attach(Arc<EngineChannel>),
+    /// Join the uplink.
+    Wire(Box<WireSide>),
     Detach(ChannelId, Sender<()>),
     Shutdown,
 }
@@ -44,6 +47,10 @@ pub(crate) struct WorkerHandle {
     commands: Mutex<Sender<Command>>,
     doorbell: Arc<EventFd>,
     pub counters: Arc<WorkerCounters>,
+    /// Its uplink counters, live (written by its thread).
+    pub wire_counters: Arc<WireCounters>,
+    /// Its uplink counters with the protocol's, as last published by its thread.
+    pub wire_published: Arc<Mutex<WireCounts>>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -67,6 +74,7 @@ impl WorkerHandle {
             counters: counters.clone(),
             served: Vec::new(),
             completions: Vec::new(),
+            wire: None,
         };
         let thread = std::thread::Builder::new()
             .name(format!("svnic-worker-{index}"))
@@ -77,6 +85,8 @@ impl WorkerHandle {
             commands: Mutex::new(tx),
             doorbell,
             counters,
+            wire_counters: Arc::new(WireCounters::default()),
+            wire_published: Arc::new(Mutex::new(WireCounts::default())),
             thread: Mutex::new(Some(thread)),
         })
     }
@@ -101,6 +111,11 @@ impl WorkerHandle {
 
     pub fn attach(&self, ch: Arc<EngineChannel>) {
         self.send(Command::Attach(ch));
+    }
+
+    /// Hands the worker its side of the uplink.
+    pub fn attach_wire(&self, wire: WireSide) {
+        self.send(Command::Wire(Box::new(wire)));
     }
 
     /// Stops serving `id` and waits until the worker has let go of it (it no longer reads the
@@ -161,6 +176,14 @@ struct Worker {
     counters: Arc<WorkerCounters>,
     served: Vec<Served>,
     completions: Vec<RawMessage>,
+    /// Its side of the uplink, if the engine has one.
+    wire: Option<Box<WireSide>>,
+}
+
+impl ServedChannels for Vec<Served> {
+    fn served(&self, id: ChannelId) -> Option<&EngineChannel> {
+        self.iter().find(|s| s.ch.id == id).map(|s| &*s.ch)
+    }
 }
 
 /// Result of one pass over one channel.
@@ -210,6 +233,10 @@ impl Worker {
                     retry |= p.retry;
                     busy |= p.busy;
                 }
+                if let Some(w) = &mut self.wire {
+                    progress += w.pass(snapshot, &self.served);
+                    busy |= w.busy();
+                }
             }
             self.drop_dead();
             if progress > 0 || busy {
@@ -258,8 +285,15 @@ impl Worker {
                         .channels
                         .store(self.served.len() as u64, Relaxed);
                 }
+                Ok(Command::Wire(w)) => {
+                    info!("worker {}: on the uplink", self.index);
+                    self.wire = Some(w);
+                }
                 Ok(Command::Detach(id, ack)) => {
                     self.served.retain(|s| s.ch.id != id);
+                    if let Some(w) = &mut self.wire {
+                        w.forget(id);
+                    }
                     self.counters
                         .channels
                         .store(self.served.len() as u64, Relaxed);
@@ -274,6 +308,11 @@ impl Worker {
 
     fn drop_dead(&mut self) {
         let before = self.served.len();
+        if let Some(w) = &mut self.wire {
+            for s in self.served.iter().filter(|s| !s.ch.is_live()) {
+                w.forget(s.ch.id);
+            }
+        }
         self.served.retain(|s| s.ch.is_live());
         if self.served.len() != before {
             self.counters
@@ -284,6 +323,9 @@ impl Worker {
 
     /// Advertise sleeping, re-check, block on the doorbell, clear the flags.
     fn sleep(&mut self) {
+        if let Some(w) = &self.wire {
+            w.publish();
+        }
         for s in &self.served {
             s.ch.mem().set_sleeping(header::ENGINE_SLEEPING, true);
         }
@@ -301,21 +343,35 @@ impl Worker {
         }
     }
 
+    /// Blocks until the doorbell rings, a frame arrives on the uplink, or `timeout` (cut short
+    /// to the uplink's next timer) runs out.
     fn wait_doorbell(&self, timeout: Duration) {
-        let mut pfd = libc::pollfd {
-            fd: self.doorbell.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
+        let mut timeout = timeout;
+        if let Some(d) = self.wire.as_ref().and_then(|w| w.next_deadline()) {
+            timeout = timeout.min(d.saturating_duration_since(Instant::now()));
+        }
+        let mut pfd = [
+            libc::pollfd {
+                fd: self.doorbell.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self.wire.as_ref().map_or(-1, |w| w.fd()),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
         let ts = libc::timespec {
             tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
             // Below 10^9: fits any c_long.
             tv_nsec: timeout.subsec_nanos() as libc::c_long,
         };
-        // SAFETY: pfd is a valid pollfd and ts a valid timespec for the duration of the call;
-        // nfds is 1 and a null signal mask leaves the thread's mask as it is.
-        let r = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
-        if r > 0 && self.doorbell.read().is_ok() {
+        // SAFETY: pfd is an array of 2 valid pollfds (a negative fd is ignored by the kernel)
+        // and ts a valid timespec for the duration of the call; a null signal mask leaves the
+        // thread's mask as it is.
+        let r = unsafe { libc::ppoll(pfd.as_mut_ptr(), 2, &ts, std::ptr::null()) };
+        if r > 0 && pfd[0].revents != 0 && self.doorbell.read().is_ok() {
             self.counters.doorbells.fetch_add(1, Relaxed);
         }
     }
@@ -337,6 +393,7 @@ impl Worker {
         else {
             return Pass::default();
         };
+        let wire = &mut self.wire;
         // `src` is borrowed from the served list, not cloned: an `Arc` clone is a locked
         // instruction, which waits for the previous pass's publishes to reach the cache.
         let src: &EngineChannel = src;
@@ -471,6 +528,13 @@ impl Worker {
                         pass.retry = true;
                         break;
                     }
+                    // Not a local guest's MAC: its session on the uplink takes it.
+                    None if wire.as_ref().is_some_and(|w| !w.is_local(peer.mac)) => {
+                        match wire.as_mut() {
+                            Some(w) => (w.offer(src, &msg, peer), peer),
+                            None => (Outcome::Failed(CompletionStatus::NoRoute), peer),
+                        }
+                    }
                     // A message that was waiting for room at a destination since destroyed.
                     None if held_since.is_some() => {
                         (Outcome::Failed(CompletionStatus::DestinationGone), peer)
@@ -498,6 +562,14 @@ impl Worker {
                         dest.fault(reason, &err);
                     }
                     Some(CompletionStatus::DestinationFaulted)
+                }
+                Outcome::Forwarded => {
+                    pass.busy = true;
+                    None
+                }
+                Outcome::Held => {
+                    pass.blocked = true;
+                    break;
                 }
                 Outcome::Blocked(status) => {
                     let since = *held_since.get_or_insert_with(|| {

@@ -170,6 +170,8 @@ enum CtlWhat {
     Channels,
     /// Engine-wide counters: workers, frames, creates.
     Engine,
+    /// The uplink's counters, per worker: frames, protocol, drops (docs/wire.md).
+    Uplink,
 }
 
 impl From<CtlWhat> for AdminRequest {
@@ -179,6 +181,7 @@ impl From<CtlWhat> for AdminRequest {
             CtlWhat::Pools => AdminRequest::Pools,
             CtlWhat::Channels => AdminRequest::Channels,
             CtlWhat::Engine => AdminRequest::Engine,
+            CtlWhat::Uplink => AdminRequest::Uplink,
         }
     }
 }

@@ -185,6 +185,29 @@ impl PacketSocket {
         })
     }
 
+    /// Makes this a socket that only sends: a filter that accepts no frame, so that the kernel
+    /// copies nothing into its RX ring (the switch's socket, whose frames the workers receive).
+    /// Frames received between `open` and this call stay in the ring, never read.
+    pub fn send_only(&self) -> Result<(), PacketError> {
+        let mut reject_all = [libc::sock_filter {
+            code: (libc::BPF_RET | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        }];
+        let prog = libc::sock_fprog {
+            len: 1,
+            filter: reject_all.as_mut_ptr(),
+        };
+        sys::set_option(&self.fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &prog).map_err(
+            |source| PacketError::Os {
+                op: "SO_ATTACH_FILTER",
+                iface: self.iface.clone(),
+                source,
+            },
+        )
+    }
+
     /// Joins fanout group `group_id` of this socket's network namespace as its next member,
     /// with the steering program for `workers` members ([`steering_program`]), so that each
     /// frame reaches one member of the group instead of all of them.

@@ -15,16 +15,18 @@ use vm_memory::GuestMemoryMmap;
 
 use crate::admin::{
     AdminOptions, AdminRequest, AdminResponse, AdminServer, AdminSource, ChannelView, EngineView,
-    GuestView, PoolView, WorkerView,
+    GuestView, PoolView, UplinkWorkerView, WorkerView,
 };
 use crate::config::DaemonConfig;
-use crate::engine::{Engine, EngineError, RunState};
+use crate::engine::{Engine, EngineError, RunState, WireCounts};
 use crate::frame_handler::{FrameHandler, FrameOut};
 use crate::net::{
     ListenerError, PortEvents, PortId, PortListener, StopSignal, Switch, SwitchConfig, SwitchError,
 };
 use crate::pool::{Pool, PoolContext, PoolError};
 use crate::sockets::SocketError;
+
+mod uplink;
 
 /// Why the daemon could not start.
 #[derive(Debug, Error)]
@@ -118,6 +120,8 @@ pub struct Daemon {
     admin: Option<AdminServer>,
     guests: Arc<Vec<GuestEntry>>,
     pools: Arc<Vec<Arc<Pool>>>,
+    /// The uplink's interface, if any.
+    uplink: Option<String>,
 }
 
 impl std::fmt::Debug for Daemon {
@@ -141,6 +145,9 @@ impl Daemon {
         let switch = Switch::new(events.clone(), SwitchConfig::default());
         let frame_handler = FrameHandler::new(engine.clone(), Arc::new(SwitchOut(switch.clone())));
         let _ = events.frame_handler.set(frame_handler.clone());
+        if let Some(up) = &config.uplink {
+            uplink::attach(up, &engine, &switch)?;
+        }
         let stop = StopSignal::new()?;
         let mut guests = Vec::new();
         let mut daemon = Daemon {
@@ -152,6 +159,7 @@ impl Daemon {
             admin: None,
             guests: Arc::new(Vec::new()),
             pools: Arc::new(Vec::new()),
+            uplink: config.uplink.as_ref().map(|u| u.iface.clone()),
         };
         for g in &config.guests {
             let policy = g.policy.clone();
@@ -233,6 +241,7 @@ impl Daemon {
             frame_handler: self.frame_handler.clone(),
             guests: self.guests.clone(),
             pools: self.pools.clone(),
+            uplink: self.uplink.clone(),
         }
     }
 
@@ -296,6 +305,7 @@ struct DaemonView {
     frame_handler: Arc<FrameHandler>,
     guests: Arc<Vec<GuestEntry>>,
     pools: Arc<Vec<Arc<Pool>>>,
+    uplink: Option<String>,
 }
 
 impl AdminSource for DaemonView {
@@ -425,6 +435,22 @@ impl AdminSource for DaemonView {
                     memory_faults: crate::net::sigbus_guard::recovered_faults(),
                 })
             }
+            AdminRequest::Uplink => AdminResponse::Uplink {
+                iface: self.uplink.clone(),
+                workers: self
+                    .engine
+                    .wire_stats()
+                    .into_iter()
+                    .map(|w| UplinkWorkerView {
+                        worker: w.worker,
+                        counters: WireCounts::NAMES
+                            .iter()
+                            .map(|n| n.to_string())
+                            .zip(w.counts.values())
+                            .collect(),
+                    })
+                    .collect(),
+            },
         }
     }
 }

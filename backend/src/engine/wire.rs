@@ -1,0 +1,743 @@
+//! A worker's side of the uplink (docs/wire.md): its own packet socket in the uplink's fanout
+//! group, the sending sessions of the channels it serves and the receiving states of the
+//! channels whose frames the steering program gives it.
+//!
+//! Each pass, a worker with an uplink:
+//! - **receives** a batch from its socket: data frames go through the receiving side of the
+//!   protocol into the destination channel (`remote::Incoming`), acks through the sending side
+//!   into completions for the channels it serves, other frames to the local guests' ports
+//!   ([`LocalPorts`]); everything from the wire is checked first (decoded, a source MAC that is
+//!   a local guest's refused) and every drop is counted;
+//! - **transmits** the data frames its sessions may send (DMA-data read again from the sender's
+//!   memory for each transmission), the acks due and the stateless answers (NoRoute for an
+//!   endpoint of a local MAC that has no channel, RESET for a frame without state), those at a
+//!   bounded rate;
+//! - **runs the timers**: retransmission and peer timeouts, expiry of silent receiving states.
+//!
+//! A message for a remote destination leaves its sender's TX ring when its session takes it
+//! ([`WireSide::offer`]); its completion follows when the peer acknowledged it (or when it
+//! failed). While the session is full the message waits at the head of the TX ring, without a
+//! deadline: the session's peer timeout bounds how long its messages can stay unanswered.
+
+use std::collections::HashMap;
+use std::os::fd::RawFd;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use log::warn;
+use svnic_channels::frame::{
+    AckFrame, AckKind, DataFrame, DataKind, Frame, FrameBody, MessageHeader,
+};
+use svnic_channels::message::FLAG_WANT_COMPLETION;
+use svnic_channels::{ChannelAddr, ChannelId, CompletionStatus, MacAddr, RawMessage};
+use svnic_control_plane::RoutingSnapshot;
+
+use super::channel::{completion, EngineChannel};
+use super::counters::{bump, TxTally};
+use super::deliver::{Outcome, Tx};
+use super::remote::{Incoming, Outbound, Placement};
+use crate::counter_set::counter_set;
+use crate::uplink::packet::PacketSocket;
+use crate::uplink::reliable::{
+    Blocked, Completed, DataHeader, FaultInjection, FaultInjector, FrameOut, RecvTable, Refused,
+    ReliableConfig, SendTable, Verdict,
+};
+use crate::uplink::{Ingress, LocalPorts};
+
+/// Frames a worker takes from its socket per pass.
+const RX_BATCH: usize = 64;
+
+/// Stateless answers (NoRoute, RESET) a worker sends per second at most: they answer frames
+/// anyone on the wire can send.
+const STATELESS_PER_SEC: u32 = 1000;
+
+/// How often silent receiving states are looked for.
+const EXPIRE_EVERY: Duration = Duration::from_millis(100);
+
+/// How often the counters of the protocol tables are copied out for the operator.
+const PUBLISH_EVERY: Duration = Duration::from_millis(20);
+
+counter_set! {
+    /// What a worker's uplink side did (written by its thread only).
+    pub struct WireCounters;
+    /// A worker's uplink counts (see [`WireStats`]).
+    pub struct WireCounts {
+        /// Frames taken from the socket.
+        rx_frames,
+        /// Data frames taken.
+        rx_data,
+        /// Ack frames taken.
+        rx_acks,
+        /// Data frames for a channel another worker serves (steering and placement disagree).
+        rx_off_worker,
+        /// Other frames handed to local guests' ports.
+        rx_to_ports,
+        /// Frames that did not decode, or svnic frames of a type that never comes from the wire.
+        rx_malformed,
+        /// Frames whose source MAC is a local guest's.
+        rx_spoofed,
+        /// Frames for MACs no local guest owns.
+        rx_not_local,
+        /// Frames a local port refused (link down, queue full).
+        rx_port_refused,
+        /// Data frames for an endpoint of a local MAC without a channel (answered NoRoute).
+        rx_no_route,
+        /// Stateless answers not sent: over the rate limit.
+        answers_limited,
+        /// Frames handed to the socket.
+        tx_frames,
+        /// Frames the socket could not take (TX ring full after a flush): sent again later
+        /// (data) or lost (acks, answers: the peer retransmits).
+        tx_full,
+        /// Frames dropped by the fault injector.
+        fault_dropped,
+        /// Frames duplicated by the fault injector.
+        fault_duplicated,
+        /// Frames held back by the fault injector.
+        fault_reordered,
+        /// Data frames sent for the first time.
+        data_sent,
+        /// Data frames sent again.
+        data_retransmitted,
+        /// Retransmission timeouts.
+        timeouts,
+        /// Peer timeouts (every message of a session failed PeerUnreachable).
+        peer_timeouts,
+        /// Messages completed Ok by the peer.
+        completed_ok,
+        /// Messages completed with an error.
+        completed_error,
+        /// Data frames placed into local channels.
+        frames_accepted,
+        /// Remote messages delivered into local channels.
+        messages_delivered,
+        /// Data frames dropped as duplicates.
+        duplicates,
+        /// Data frames dropped as out of order.
+        out_of_order,
+        /// Data frames that broke their message's rules.
+        invalid,
+        /// Remote messages rejected (no buffer, ring full, destination gone...).
+        rejects,
+        /// RESETs sent.
+        resets_sent,
+    }
+}
+
+/// A snapshot of one worker's uplink counters.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct WireStats {
+    /// Worker index.
+    pub worker: usize,
+    /// Its counters.
+    pub counts: WireCounts,
+}
+
+/// What a worker needs to join the uplink.
+pub struct WireSetup {
+    /// Its socket, already in the fanout group at its index.
+    pub socket: PacketSocket,
+    /// The local guests' ports.
+    pub ports: Arc<dyn LocalPorts>,
+    /// The protocol's parameters.
+    pub reliable: ReliableConfig,
+    /// Fault injection on the frames this worker sends, and its seed.
+    pub fault: Option<(FaultInjection, u64)>,
+    /// Seed of the session ids (different for every worker and every start).
+    pub session_seed: u32,
+}
+
+impl std::fmt::Debug for WireSetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WireSetup")
+            .field("iface", &self.socket.iface())
+            .field("reliable", &self.reliable)
+            .field("fault", &self.fault)
+            .finish()
+    }
+}
+
+/// A channel a worker serves, as the uplink side needs it.
+pub(crate) trait ServedChannels {
+    /// The served channel with this id.
+    fn served(&self, id: ChannelId) -> Option<&EngineChannel>;
+}
+
+/// The stateless answers' budget: `STATELESS_PER_SEC` per second, refilled each second.
+struct AnswerBudget {
+    left: u32,
+    since: Instant,
+}
+
+impl AnswerBudget {
+    fn take(&mut self, now: Instant) -> bool {
+        if now.saturating_duration_since(self.since) >= Duration::from_secs(1) {
+            self.since = now;
+            self.left = STATELESS_PER_SEC;
+        }
+        match self.left.checked_sub(1) {
+            Some(l) => {
+                self.left = l;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// The uplink side of one worker.
+pub(crate) struct WireSide {
+    /// The worker's index.
+    index: usize,
+    socket: PacketSocket,
+    ports: Arc<dyn LocalPorts>,
+    send: SendTable<Outbound>,
+    recv: RecvTable<Incoming>,
+    fault: Option<FaultInjector<Vec<u8>>>,
+    counters: Arc<WireCounters>,
+    /// Counters published from the protocol tables (see `publish`).
+    published: Arc<Mutex<WireCounts>>,
+    completions: Vec<Completed<Outbound>>,
+    raw_completions: Vec<RawMessage>,
+    /// The addresses of the local channels that have receiving states (acks come from them).
+    local_addrs: HashMap<ChannelId, ChannelAddr>,
+    /// Acks and answers to send: (from, to, session, what).
+    acks: Vec<(ChannelAddr, ChannelAddr, u32, AckKind)>,
+    budget: AnswerBudget,
+    frame: Vec<u8>,
+    payload: Vec<u8>,
+    faulted: Vec<Vec<u8>>,
+    next_expire: Instant,
+    next_publish: Instant,
+}
+
+impl WireSide {
+    /// The uplink side of a worker; `counters` and `published` are what the engine reads.
+    pub fn new(
+        index: usize,
+        setup: WireSetup,
+        counters: Arc<WireCounters>,
+        published: Arc<Mutex<WireCounts>>,
+    ) -> Result<Self, String> {
+        setup.reliable.validate()?;
+        let fault = match setup.fault {
+            Some((cfg, seed)) if !cfg.is_off() => Some(FaultInjector::new(cfg, seed)?),
+            _ => None,
+        };
+        let now = Instant::now();
+        Ok(WireSide {
+            index,
+            socket: setup.socket,
+            ports: setup.ports,
+            send: SendTable::new(setup.reliable, setup.session_seed),
+            recv: RecvTable::new(setup.reliable),
+            fault,
+            counters,
+            published,
+            completions: Vec::new(),
+            raw_completions: Vec::new(),
+            local_addrs: HashMap::new(),
+            acks: Vec::new(),
+            budget: AnswerBudget {
+                left: STATELESS_PER_SEC,
+                since: now,
+            },
+            frame: Vec::with_capacity(2048),
+            payload: Vec::with_capacity(2048),
+            faulted: Vec::new(),
+            next_expire: now + EXPIRE_EVERY,
+            next_publish: now,
+        })
+    }
+
+    /// The socket's descriptor, for a sleeping worker's poll.
+    pub fn fd(&self) -> RawFd {
+        self.socket.fd()
+    }
+
+    /// True if a local guest owns `mac` (then a message to it never leaves on the uplink).
+    pub fn is_local(&self, mac: MacAddr) -> bool {
+        self.ports.owns(mac)
+    }
+
+    /// Hands a message of `src` for the remote `peer` to its session. `Forwarded` when taken
+    /// (its completion follows the peer's ack), `Held` while the session is full,
+    /// `Failed(UplinkError)` if it cannot cross an uplink at all.
+    pub fn offer(&mut self, src: &EngineChannel, tx: &Tx<'_>, peer: ChannelAddr) -> Outcome {
+        let Some(msg) = Outbound::from_tx(tx, peer) else {
+            return Outcome::Failed(CompletionStatus::BadMessage);
+        };
+        let len = msg.len();
+        match self.send.offer(src.id, peer, msg, len, Instant::now()) {
+            Ok(()) => Outcome::Forwarded,
+            Err(Refused::Full(_) | Refused::TableFull(_)) => Outcome::Held,
+            Err(Refused::TooLarge(_)) => Outcome::Failed(CompletionStatus::UplinkError),
+        }
+    }
+
+    /// Forgets a channel that is no longer served or received into: its sessions' messages are
+    /// dropped without completions (there is no one left to complete them to), its partial
+    /// placements undone.
+    pub fn forget(&mut self, id: ChannelId) {
+        self.send.remove_local(id, drop);
+        self.recv.remove_local(id, drop);
+        self.local_addrs.remove(&id);
+    }
+
+    /// One pass: receive a batch, run the timers, send what is due. Returns the work done
+    /// (frames received and sent, messages completed), 0 if idle.
+    pub fn pass(
+        &mut self,
+        routes: &RoutingSnapshot<Arc<EngineChannel>>,
+        served: &dyn ServedChannels,
+    ) -> u64 {
+        let now = Instant::now();
+        let mut work = self.receive(routes, now);
+        self.send.poll(now, &mut self.completions);
+        if now >= self.next_expire {
+            self.recv.expire(now);
+            self.next_expire = now + EXPIRE_EVERY;
+        }
+        // Placements of messages their senders gave up: the reservations go back.
+        self.recv.take_abandoned().for_each(drop);
+        work += self.complete(served);
+        work += self.transmit(served, now);
+        if now >= self.next_publish {
+            self.publish();
+            self.next_publish = now + PUBLISH_EVERY;
+        }
+        work
+    }
+
+    /// When the timers need the worker next, if ever.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.send.next_deadline()
+    }
+
+    /// True if frames wait to be sent (the worker must not sleep).
+    pub fn busy(&self) -> bool {
+        self.send.can_transmit() || !self.acks.is_empty() || self.socket.tx_pending() > 0
+    }
+
+    /// Copies the protocol tables' counters out for the operator (also done every
+    /// `PUBLISH_EVERY` during passes).
+    pub fn publish(&self) {
+        let mut c = self.counters.read();
+        let s = self.send.counters();
+        let r = self.recv.counters();
+        c.data_sent = s.frames_sent;
+        c.data_retransmitted = s.frames_retransmitted;
+        c.timeouts = s.timeouts;
+        c.peer_timeouts = s.peer_timeouts;
+        c.completed_ok = s.completed_ok;
+        c.completed_error = s.completed_error;
+        c.frames_accepted = r.frames_accepted;
+        c.messages_delivered = r.messages_delivered;
+        c.duplicates = r.duplicates;
+        c.out_of_order = r.out_of_order;
+        c.invalid = r.invalid;
+        c.rejects = r.rejects;
+        c.resets_sent = r.resets_sent;
+        if let Some(f) = &self.fault {
+            let f = f.counters();
+            c.fault_dropped = f.dropped;
+            c.fault_duplicated = f.duplicated;
+            c.fault_reordered = f.reordered;
+        }
+        *self.published.lock().unwrap_or_else(|e| e.into_inner()) = c;
+    }
+
+    fn receive(&mut self, routes: &RoutingSnapshot<Arc<EngineChannel>>, now: Instant) -> u64 {
+        let WireSide {
+            index,
+            socket,
+            ports,
+            send,
+            recv,
+            counters,
+            completions,
+            local_addrs,
+            acks,
+            budget,
+            ..
+        } = self;
+        let mut rx = Receiver {
+            index: *index,
+            ports: ports.as_ref(),
+            send,
+            recv,
+            counters,
+            completions,
+            local_addrs,
+            acks,
+            budget,
+            routes,
+            now,
+        };
+        let n = socket.receive(RX_BATCH, |frame| rx.frame(frame));
+        bump(&self.counters.rx_frames, n as u64);
+        // Acks for what this batch placed: one per receiving state.
+        let (recv, local_addrs, acks) = (&mut self.recv, &self.local_addrs, &mut self.acks);
+        recv.take_acks(|a| {
+            if let Some(from) = local_addrs.get(&a.local) {
+                acks.push((*from, a.remote, a.session, a.kind));
+            }
+        });
+        n as u64
+    }
+
+    /// Posts the completions of finished messages into their senders' RX rings.
+    fn complete(&mut self, served: &dyn ServedChannels) -> u64 {
+        let n = self.completions.len() as u64;
+        let mut done = std::mem::take(&mut self.completions);
+        done.sort_by_key(|c| c.local);
+        let mut i = 0;
+        while i < done.len() {
+            let id = done[i].local;
+            let mut tally = TxTally::default();
+            let start = i;
+            while i < done.len() && done[i].local == id {
+                let c = &done[i];
+                let msg = &c.handle;
+                if c.status == CompletionStatus::Ok {
+                    tally.delivered();
+                    let want = match msg.kind() {
+                        DataKind::UserData => msg.flags & FLAG_WANT_COMPLETION != 0,
+                        DataKind::DmaData => true,
+                    };
+                    if want {
+                        let len = match msg.kind() {
+                            DataKind::DmaData => msg.len(),
+                            DataKind::UserData => 0,
+                        };
+                        self.raw_completions
+                            .push(completion(c.remote, msg.cookie, c.status, len));
+                    }
+                } else {
+                    tally.error(c.status);
+                    self.raw_completions
+                        .push(completion(c.remote, msg.cookie, c.status, 0));
+                }
+                i += 1;
+            }
+            match served.served(id) {
+                Some(ch) => {
+                    ch.counters.add_tx(&tally);
+                    if ch.post_completions(&mut self.raw_completions) {
+                        ch.wake_if_sleeping(&ch.mem());
+                    }
+                }
+                None => warn!(
+                    "uplink: {} completion(s) for {id}, which this worker no longer serves",
+                    i - start
+                ),
+            }
+            self.raw_completions.clear();
+        }
+        done.clear();
+        self.completions = done;
+        n
+    }
+
+    /// Sends the acks due and the data frames the sessions may send; flushes the socket.
+    fn transmit(&mut self, served: &dyn ServedChannels, now: Instant) -> u64 {
+        let mut sent = 0u64;
+        for (from, to, session, kind) in std::mem::take(&mut self.acks) {
+            let frame = Frame {
+                dst: to.mac,
+                src: from.mac,
+                body: FrameBody::Ack(AckFrame {
+                    src_endpoint: from.endpoint,
+                    dst_endpoint: to.endpoint,
+                    session,
+                    kind,
+                }),
+            };
+            self.frame.clear();
+            if frame.encode_into(&mut self.frame).is_ok() {
+                sent += u64::from(self.emit_frame());
+            }
+        }
+        let WireSide {
+            socket,
+            send,
+            fault,
+            counters,
+            frame,
+            payload,
+            faulted,
+            ..
+        } = self;
+        send.transmit(now, |f: FrameOut<'_, Outbound>| {
+            let Some(src) = served.served(f.local) else {
+                // The sender is gone; its sessions are forgotten at its detach. Nothing to send.
+                return true;
+            };
+            let msg = f.handle;
+            payload.clear();
+            payload.resize(f.frag_len as usize, 0);
+            if !msg.read(&src.mem(), f.frag_offset, payload) {
+                // Cannot happen (the range was checked when the message was taken); sent empty,
+                // the receiver refuses it as invalid and the peer timeout fails the message.
+                payload.clear();
+            }
+            let data = Frame {
+                dst: f.remote.mac,
+                src: src.addr.mac,
+                body: FrameBody::Data(DataFrame {
+                    header: MessageHeader {
+                        src_endpoint: src.addr.endpoint,
+                        dst_endpoint: f.remote.endpoint,
+                        kind: msg.kind(),
+                        msg_flags: msg.flags,
+                        message_id: f.message_id,
+                        cookie: msg.cookie,
+                    },
+                    session: f.session,
+                    seq: f.seq,
+                    total_len: f.total_len,
+                    frag_offset: f.frag_offset,
+                    payload,
+                }),
+            };
+            frame.clear();
+            if data.encode_into(frame).is_err() {
+                return true;
+            }
+            let ok = emit(socket, fault.as_mut(), counters, frame, faulted);
+            sent += u64::from(ok);
+            ok
+        });
+        if let Err(e) = self.socket.flush() {
+            log::debug!("uplink: flush: {e}");
+        }
+        sent
+    }
+
+    fn emit_frame(&mut self) -> bool {
+        emit(
+            &mut self.socket,
+            self.fault.as_mut(),
+            &self.counters,
+            &self.frame,
+            &mut self.faulted,
+        )
+    }
+}
+
+/// Queues `frame` on the socket (through the fault injector if there is one); false if the TX
+/// ring stayed full after a flush.
+fn emit(
+    socket: &mut PacketSocket,
+    fault: Option<&mut FaultInjector<Vec<u8>>>,
+    counters: &WireCounters,
+    frame: &[u8],
+    faulted: &mut Vec<Vec<u8>>,
+) -> bool {
+    let Some(fault) = fault else {
+        return queue(socket, counters, frame);
+    };
+    fault.apply(frame.to_vec(), faulted);
+    for f in faulted.drain(..) {
+        // What the injector lets through is on the wire as far as the protocol knows.
+        let _ = queue(socket, counters, &f);
+    }
+    true
+}
+
+fn queue(socket: &mut PacketSocket, counters: &WireCounters, frame: &[u8]) -> bool {
+    let mut r = socket.queue(frame);
+    if r.is_err() {
+        let _ = socket.flush();
+        r = socket.queue(frame);
+    }
+    match r {
+        Ok(()) => {
+            bump(&counters.tx_frames, 1);
+            true
+        }
+        Err(_) => {
+            bump(&counters.tx_full, 1);
+            false
+        }
+    }
+}
+
+/// The receiving half of a pass, borrowed out of the [`WireSide`] while its socket walks the RX
+/// ring.
+struct Receiver<'a> {
+    index: usize,
+    ports: &'a dyn LocalPorts,
+    send: &'a mut SendTable<Outbound>,
+    recv: &'a mut RecvTable<Incoming>,
+    counters: &'a WireCounters,
+    completions: &'a mut Vec<Completed<Outbound>>,
+    local_addrs: &'a mut HashMap<ChannelId, ChannelAddr>,
+    acks: &'a mut Vec<(ChannelAddr, ChannelAddr, u32, AckKind)>,
+    budget: &'a mut AnswerBudget,
+    routes: &'a RoutingSnapshot<Arc<EngineChannel>>,
+    now: Instant,
+}
+
+impl Receiver<'_> {
+    fn frame(&mut self, bytes: &[u8]) {
+        let c = self.counters;
+        match self.ports.deliver(bytes) {
+            Ingress::Svnic => {}
+            Ingress::Delivered(_) => return bump(&c.rx_to_ports, 1),
+            Ingress::Refused => return bump(&c.rx_port_refused, 1),
+            Ingress::Malformed => return bump(&c.rx_malformed, 1),
+            Ingress::Spoofed => return bump(&c.rx_spoofed, 1),
+            Ingress::NotLocal => return bump(&c.rx_not_local, 1),
+        }
+        let Ok(frame) = Frame::decode(bytes) else {
+            return bump(&c.rx_malformed, 1);
+        };
+        if self.ports.owns(frame.src) || frame.src.is_multicast() {
+            return bump(&c.rx_spoofed, 1);
+        }
+        match frame.body {
+            FrameBody::Data(d) => {
+                bump(&c.rx_data, 1);
+                self.data(frame.dst, frame.src, &d);
+            }
+            FrameBody::Ack(a) => {
+                bump(&c.rx_acks, 1);
+                self.ack(frame.dst, frame.src, &a);
+            }
+            // Control frames, doorbells and wakes only ever come from a guest's own port.
+            _ => bump(&c.rx_malformed, 1),
+        }
+    }
+
+    fn ack(&mut self, dst: MacAddr, src: MacAddr, a: &AckFrame) {
+        let local = ChannelAddr {
+            mac: dst,
+            endpoint: a.dst_endpoint,
+        };
+        let remote = ChannelAddr {
+            mac: src,
+            endpoint: a.src_endpoint,
+        };
+        match self.routes.lookup(&local) {
+            Some((id, _)) => self.send.on_ack(*id, remote, a, self.now, self.completions),
+            None if self.ports.owns(dst) => bump(&self.counters.rx_no_route, 1),
+            None => bump(&self.counters.rx_not_local, 1),
+        }
+    }
+
+    fn answer(&mut self, from: ChannelAddr, to: ChannelAddr, session: u32, kind: AckKind) {
+        if self.budget.take(self.now) {
+            self.acks.push((from, to, session, kind));
+        } else {
+            bump(&self.counters.answers_limited, 1);
+        }
+    }
+
+    fn data(&mut self, dst: MacAddr, src: MacAddr, d: &DataFrame<'_>) {
+        let local = ChannelAddr {
+            mac: dst,
+            endpoint: d.header.dst_endpoint,
+        };
+        let remote = ChannelAddr {
+            mac: src,
+            endpoint: d.header.src_endpoint,
+        };
+        let h = DataHeader::of(d);
+        let Some((id, dest)) = self.routes.lookup(&local) else {
+            if self.ports.owns(dst) {
+                bump(&self.counters.rx_no_route, 1);
+                self.answer(
+                    local,
+                    remote,
+                    h.session,
+                    crate::uplink::reliable::no_route(&h),
+                );
+            } else {
+                bump(&self.counters.rx_not_local, 1);
+            }
+            return;
+        };
+        let (id, dest) = (*id, dest);
+        // The steering program sends a worker the frames of the endpoints placed on it.
+        if dest.worker != self.index {
+            bump(&self.counters.rx_off_worker, 1);
+        }
+        self.local_addrs.entry(id).or_insert(local);
+        match self.recv.on_frame(id, remote, &h, self.now) {
+            Verdict::Drop => {}
+            Verdict::Reset => self.answer(local, remote, h.session, AckKind::Reset),
+            Verdict::Process { first, last } => {
+                self.place(id, dest, remote, &h, d.payload, first, last)
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn place(
+        &mut self,
+        id: ChannelId,
+        dest: &Arc<EngineChannel>,
+        remote: ChannelAddr,
+        h: &DataHeader,
+        payload: &[u8],
+        first: bool,
+        last: bool,
+    ) {
+        let now = self.now;
+        let mut fresh = None;
+        if first {
+            match h.kind {
+                DataKind::UserData => {
+                    fresh = Some(Incoming::User {
+                        len: 0,
+                        bytes: [0; svnic_channels::message::INLINE_CAPACITY],
+                    })
+                }
+                DataKind::DmaData => match Placement::begin(dest, h.total_len) {
+                    Ok(p) => fresh = Some(Incoming::Dma(p)),
+                    Err(outcome) => return self.refused(id, remote, outcome),
+                },
+            }
+        }
+        let incoming = match fresh.as_mut() {
+            Some(p) => p,
+            None => match self.recv.placement_mut(id, remote) {
+                Some(p) => p,
+                // A continuation without a placement: its first frame was never placed.
+                None => {
+                    self.recv.rejected(id, remote, CompletionStatus::BadMessage);
+                    return;
+                }
+            },
+        };
+        if let Err(outcome) = incoming.take(h.frag_offset, payload) {
+            return self.refused(id, remote, outcome);
+        }
+        if last {
+            match incoming.finish(dest, remote, h.cookie) {
+                Outcome::Delivered { .. } => {}
+                outcome => return self.refused(id, remote, outcome),
+            }
+        }
+        // On the last frame the placement comes back, done (dropped here).
+        self.recv.accepted(id, remote, fresh, now);
+    }
+
+    /// The frame could not be placed: wait (the sender retransmits it) or reject its message.
+    fn refused(&mut self, id: ChannelId, remote: ChannelAddr, outcome: Outcome) {
+        match outcome {
+            Outcome::Blocked(status) => match self.recv.blocked(id, remote, self.now, status) {
+                Blocked::Wait | Blocked::Rejected(_) => {}
+            },
+            Outcome::Failed(status) => {
+                self.recv.rejected(id, remote, status);
+            }
+            Outcome::DestinationBroken(..) => {
+                self.recv
+                    .rejected(id, remote, CompletionStatus::DestinationFaulted);
+            }
+            Outcome::Delivered { .. } | Outcome::Forwarded | Outcome::Held => {}
+        }
+    }
+}

@@ -1,0 +1,356 @@
+//! The wire between hosts (docs/wire.md): two network namespaces joined by a veth pair, one
+//! `svnic serve --uplink` in each, host-process guests on both sides.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use svnic_backend::admin::UplinkWorkerView;
+use svnic_channels::{ChannelAddr, CompletionStatus, DataRef, Message};
+use svnic_client::{Channel, Completions};
+use svnic_host_frontend::HostGuest;
+use svnic_tests::polite_pair::{assert_round_trip, PolitePair};
+use svnic_tests::wire_fixture::{two_hosts, WireHosts, WireOptions};
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+const MEMORY: u64 = 64 << 20;
+
+fn guest(hosts: &WireHosts, host: usize, i: usize) -> HostGuest {
+    let s = hosts.hosts[host].socket(i);
+    HostGuest::connect(&s, MEMORY).unwrap_or_else(|e| panic!("{}: {e}", s.display()))
+}
+
+/// A channel with a region of `mib` MiB.
+fn channel(g: &HostGuest, endpoint: u32, mib: u64) -> Channel {
+    let pending = g.begin_create(endpoint, 256, mib << 20).unwrap();
+    match pending.wait(TIMEOUT).unwrap() {
+        svnic_host_frontend::host_guest::CreateState::Success(c) => c,
+        other => panic!("create endpoint {endpoint}: {other:?}"),
+    }
+}
+
+/// Receives until `f` returns true for a message, or panics after `TIMEOUT`.
+fn receive_until(g: &HostGuest, ch: &mut Channel, what: &str, mut f: impl FnMut(Message) -> bool) {
+    let waiter = g.waiter(ch);
+    let deadline = Instant::now() + TIMEOUT;
+    let mut out = Vec::new();
+    while Instant::now() < deadline {
+        out.clear();
+        ch.wait_poll(&mut out, 64, Duration::from_millis(100), &waiter)
+            .unwrap();
+        for m in out.drain(..) {
+            if f(m) {
+                return;
+            }
+        }
+    }
+    panic!("{what}: not done within {TIMEOUT:?}");
+}
+
+/// The uplink counters of `host`'s workers once `done` holds of them (or after 10 s).
+fn uplink_until(
+    host: &svnic_tests::wire_fixture::WireHost,
+    done: impl Fn(&[UplinkWorkerView]) -> bool,
+) -> Vec<UplinkWorkerView> {
+    host.svnic()
+        .wait_for(10, |s| s.uplink().map(|(_, w)| w), done)
+        .unwrap()
+}
+
+#[test]
+fn user_data_and_virtio_net_frames_cross_hosts() {
+    let Some(hosts) = two_hosts("wire-basic", &WireOptions::default()) else {
+        return;
+    };
+    let mut pair = PolitePair::connect(&hosts.hosts[0].socket(0), &hosts.hosts[1].socket(0))
+        .unwrap_or_else(|e| panic!("{e}"));
+    for _ in 0..20 {
+        assert_round_trip(&mut pair);
+    }
+    for (i, h) in hosts.hosts.iter().enumerate() {
+        let (iface, _) = h.svnic().uplink().unwrap();
+        assert_eq!(iface.as_deref(), Some("sv0"));
+        // The counters are published by the worker every few milliseconds.
+        let w = &uplink_until(h, |w| {
+            w[0].get("rx_data") >= 20 && w[0].get("rx_to_ports") >= 20
+        })[0];
+        assert!(w.get("rx_data") >= 20, "host {i}: {w:?}");
+        assert!(w.get("rx_acks") >= 1, "host {i}: {w:?}");
+        assert!(
+            w.get("rx_to_ports") >= 20,
+            "host {i}: virtio-net frames: {w:?}"
+        );
+        assert_eq!(
+            w.get("rx_malformed") + w.get("rx_spoofed"),
+            0,
+            "host {i}: {w:?}"
+        );
+    }
+}
+
+#[test]
+fn dma_data_of_one_mib_crosses_hosts_intact_and_in_order() {
+    let Some(hosts) = two_hosts("wire-dma", &WireOptions::default()) else {
+        return;
+    };
+    let (ga, gb) = (guest(&hosts, 0, 0), guest(&hosts, 1, 0));
+    let (mut ca, mut cb) = (channel(&ga, 1, 4), channel(&gb, 1, 4));
+    let (to_b, from_a) = (cb.addr(), ca.addr());
+    let sizes: Vec<u32> = vec![1 << 20, 1, 1456, 1457, 65_536, 1 << 20, 3000, 0x8_0001];
+    let base_a = ca.layout().data_offset;
+    let base_b = cb.layout().data_offset;
+    let pattern = |i: usize, len: u32| -> Vec<u8> {
+        (0..len)
+            .map(|k| (k as usize * 31 + i * 7 + (k as usize >> 11)) as u8)
+            .collect()
+    };
+    for (i, &len) in sizes.iter().enumerate() {
+        // B posts a 1 MiB buffer; A sends from the start of its data area.
+        let post = DataRef {
+            offset: base_b + (i as u64 % 2) * (1 << 20),
+            len: 1 << 20,
+        };
+        assert!(cb.post_buffer(100 + i as u64, post).unwrap());
+        cb.flush().unwrap();
+        let data = pattern(i, len);
+        ca.write_data(base_a, &data).unwrap();
+        assert!(ca
+            .send_dma(
+                to_b,
+                i as u64,
+                DataRef {
+                    offset: base_a,
+                    len
+                }
+            )
+            .unwrap());
+        ca.flush().unwrap();
+        let mut got = None;
+        receive_until(
+            &gb,
+            &mut cb,
+            &format!("DMA-data {i} ({len} B)"),
+            |m| match m {
+                Message::DmaData(d) => {
+                    got = Some(d);
+                    true
+                }
+                _ => false,
+            },
+        );
+        let d = got.unwrap();
+        assert_eq!(
+            (d.peer, d.cookie, d.data.offset, d.data.len),
+            (from_a, 100 + i as u64, post.offset, len),
+            "message {i}"
+        );
+        assert!(d.is_complete(), "message {i} not COMPLETE");
+        let mut back = vec![0u8; len as usize];
+        cb.read_data(d.data.offset, &mut back).unwrap();
+        assert!(back == data, "message {i} ({len} B): data differs");
+        let mut done = None;
+        receive_until(&ga, &mut ca, &format!("completion {i}"), |m| match m {
+            Message::Completion(c) if c.cookie == i as u64 => {
+                done = Some(c);
+                true
+            }
+            _ => false,
+        });
+        let c = done.unwrap();
+        assert_eq!((c.status, c.len, c.peer), (CompletionStatus::Ok, len, to_b));
+    }
+    let _ = Completions::OnError;
+    let _: ChannelAddr = to_b;
+}
+
+/// Sends `n` user-data messages numbered 0..n from `ch` to `to` (retrying while the TX ring is
+/// full); error completions are collected.
+fn send_numbered(
+    g: &HostGuest,
+    ch: &mut Channel,
+    to: ChannelAddr,
+    n: u64,
+    errors: &mut Vec<CompletionStatus>,
+) {
+    let waiter = g.waiter(ch);
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut i = 0;
+    while i < n {
+        assert!(Instant::now() < deadline, "sent {i} of {n} in 120 s");
+        if ch
+            .send_user(to, i, &i.to_le_bytes(), Completions::OnError)
+            .unwrap()
+        {
+            i += 1;
+            continue;
+        }
+        ch.flush().unwrap();
+        out.clear();
+        ch.wait_poll(&mut out, 64, Duration::from_millis(1), &waiter)
+            .unwrap();
+        errors.extend(out.iter().filter_map(|m| match m {
+            Message::Completion(c) => Some(c.status),
+            _ => None,
+        }));
+    }
+    ch.flush().unwrap();
+}
+
+/// Receives user-data numbered 0..n from `from`, in order, each once; panics otherwise.
+fn receive_numbered(g: &HostGuest, ch: &mut Channel, from: ChannelAddr, n: u64) {
+    let mut next = 0u64;
+    receive_until(g, ch, &format!("{n} numbered messages"), |m| match m {
+        Message::UserData(u) => {
+            assert_eq!(u.peer, from);
+            assert_eq!(
+                (u.cookie, u.data()),
+                (next, &next.to_le_bytes()[..]),
+                "message {next} expected"
+            );
+            next += 1;
+            next == n
+        }
+        other => panic!("unexpected {other:?} after {next} messages"),
+    });
+}
+
+#[test]
+fn with_loss_duplication_and_reordering_every_message_arrives_once_in_order() {
+    let opts = WireOptions {
+        extra_args: vec![
+            "--uplink-fault".into(),
+            "drop=0.05,duplicate=0.05,reorder=0.05,seed=7".into(),
+        ],
+        ..WireOptions::default()
+    };
+    let Some(hosts) = two_hosts("wire-lossy", &opts) else {
+        return;
+    };
+    let (ga, gb) = (guest(&hosts, 0, 0), guest(&hosts, 1, 0));
+    let (mut ca, mut cb) = (channel(&ga, 1, 4), channel(&gb, 1, 4));
+    let (to_b, from_a) = (cb.addr(), ca.addr());
+    const N: u64 = 3000;
+    let mut errors = Vec::new();
+    std::thread::scope(|s| {
+        s.spawn(|| send_numbered(&ga, &mut ca, to_b, N, &mut errors));
+        receive_numbered(&gb, &mut cb, from_a, N);
+    });
+    assert!(errors.is_empty(), "error completions: {errors:?}");
+
+    // DMA-data, 64 KiB each (45 fragments), through the same faulty wire, in order and intact.
+    let (base_a, base_b) = (ca.layout().data_offset, cb.layout().data_offset);
+    for i in 0..20u64 {
+        let post = DataRef {
+            offset: base_b + (i % 8) * 65_536,
+            len: 65_536,
+        };
+        assert!(cb.post_buffer(i, post).unwrap());
+        cb.flush().unwrap();
+        let data: Vec<u8> = (0..65_536u32)
+            .map(|k| (k ^ (i as u32 * 131)) as u8)
+            .collect();
+        ca.write_data(base_a, &data).unwrap();
+        assert!(ca
+            .send_dma(
+                to_b,
+                1000 + i,
+                DataRef {
+                    offset: base_a,
+                    len: 65_536
+                }
+            )
+            .unwrap());
+        ca.flush().unwrap();
+        let mut got = None;
+        receive_until(&gb, &mut cb, &format!("DMA {i}"), |m| match m {
+            Message::DmaData(d) => {
+                got = Some(d);
+                true
+            }
+            other => panic!("unexpected {other:?}"),
+        });
+        let d = got.unwrap();
+        assert_eq!((d.cookie, d.data.len), (i, 65_536));
+        let mut back = vec![0u8; 65_536];
+        cb.read_data(d.data.offset, &mut back).unwrap();
+        assert!(back == data, "DMA {i}: data differs");
+        receive_until(&ga, &mut ca, &format!("completion {i}"), |m| match m {
+            Message::Completion(c) => {
+                assert_eq!((c.cookie, c.status), (1000 + i, CompletionStatus::Ok));
+                true
+            }
+            other => panic!("unexpected {other:?}"),
+        });
+    }
+    // The faults were real, and the protocol repaired them.
+    let w = &uplink_until(&hosts.hosts[0], |w| w[0].get("fault_dropped") > 0)[0];
+    assert!(w.get("fault_dropped") > 0, "{w:?}");
+    assert!(w.get("fault_duplicated") > 0, "{w:?}");
+    assert!(w.get("fault_reordered") > 0, "{w:?}");
+    assert!(w.get("data_retransmitted") > 0, "{w:?}");
+    let wb = &uplink_until(&hosts.hosts[1], |w| w[0].get("duplicates") > 0)[0];
+    assert!(wb.get("duplicates") + wb.get("out_of_order") > 0, "{wb:?}");
+}
+
+#[test]
+fn a_killed_peer_engine_fails_its_senders_in_time_and_a_restarted_one_takes_traffic() {
+    let opts = WireOptions {
+        extra_args: vec!["--uplink-peer-timeout-ms".into(), "500".into()],
+        ..WireOptions::default()
+    };
+    let Some(mut hosts) = two_hosts("wire-kill", &opts) else {
+        return;
+    };
+    let ga = guest(&hosts, 0, 0);
+    let mut ca = channel(&ga, 1, 4);
+    let to_b;
+    {
+        let gb = guest(&hosts, 1, 0);
+        let mut cb = channel(&gb, 1, 4);
+        to_b = cb.addr();
+        let mut errors = Vec::new();
+        send_numbered(&ga, &mut ca, to_b, 200, &mut errors);
+        receive_numbered(&gb, &mut cb, ca.addr(), 200);
+        assert!(errors.is_empty(), "{errors:?}");
+        hosts.hosts[1].kill();
+    }
+    // Mid-stream: messages keep going to the dead host; each fails within the peer timeout.
+    let t0 = Instant::now();
+    let mut errors = Vec::new();
+    send_numbered(&ga, &mut ca, to_b, 300, &mut errors);
+    let waiter = ga.waiter(&ca);
+    let mut out = Vec::new();
+    while errors.len() < 300 && t0.elapsed() < Duration::from_secs(20) {
+        out.clear();
+        ca.wait_poll(&mut out, 64, Duration::from_millis(50), &waiter)
+            .unwrap();
+        errors.extend(out.iter().filter_map(|m| match m {
+            Message::Completion(c) => Some(c.status),
+            _ => None,
+        }));
+    }
+    let took = t0.elapsed();
+    assert_eq!(errors.len(), 300, "every message completes: {errors:?}");
+    assert!(
+        errors
+            .iter()
+            .all(|s| *s == CompletionStatus::PeerUnreachable),
+        "{errors:?}"
+    );
+    // 300 messages are at most five sessions' worth (64 each), each failing one peer timeout
+    // after its first unanswered frame, one after the other.
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    let w = &uplink_until(&hosts.hosts[0], |w| w[0].get("peer_timeouts") > 0)[0];
+    assert!(w.get("peer_timeouts") >= 1, "{w:?}");
+
+    // The peer comes back: a new channel at the same address takes traffic again.
+    hosts.hosts[1].restart().unwrap();
+    let gb = guest(&hosts, 1, 0);
+    let mut cb = channel(&gb, 1, 4);
+    assert_eq!(cb.addr(), to_b);
+    let mut errors = Vec::new();
+    send_numbered(&ga, &mut ca, to_b, 100, &mut errors);
+    receive_numbered(&gb, &mut cb, ca.addr(), 100);
+    assert!(errors.is_empty(), "{errors:?}");
+}
