@@ -540,16 +540,18 @@ impl<P> RecvTable<P> {
         }
     }
 
+    fn keys_where(&self, f: impl Fn(&SessionKey, &RecvSession<P>) -> bool) -> Vec<SessionKey> {
+        self.sessions
+            .iter()
+            .filter(|(k, s)| f(k, s))
+            .map(|(k, _)| *k)
+            .collect()
+    }
+
     /// Drops every state without frames for the state lifetime; partial messages among them
     /// go to [`RecvTable::take_abandoned`].
     pub fn expire(&mut self, now: Instant) {
-        let old: Vec<SessionKey> = self
-            .sessions
-            .iter()
-            .filter(|(_, s)| self.expired(s, now))
-            .map(|(k, _)| *k)
-            .collect();
-        for k in old {
+        for k in self.keys_where(|_, s| self.expired(s, now)) {
             self.drop_state(k);
         }
     }
@@ -562,13 +564,7 @@ impl<P> RecvTable<P> {
 
     /// Drops the states of a destroyed local channel; `dropped` gets each partial placement.
     pub fn remove_local(&mut self, local: ChannelId, mut dropped: impl FnMut(P)) {
-        let keys: Vec<SessionKey> = self
-            .sessions
-            .keys()
-            .filter(|k| k.0 == local)
-            .copied()
-            .collect();
-        for k in keys {
+        for k in self.keys_where(|k, _| k.0 == local) {
             if let Some(mut s) = self.sessions.remove(&k) {
                 if let Some(p) = s.msg.take().and_then(|m| m.placement) {
                     dropped(p);

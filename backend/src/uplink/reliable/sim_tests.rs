@@ -690,18 +690,20 @@ fn stale_first_frames_of_older_sessions_are_not_delivered() {
     );
 }
 
+fn expect_process(r: &mut RecvTable<u32>, h: &DataHeader, t: Instant, first: bool, last: bool) {
+    assert_eq!(
+        r.on_frame(B_CH, A_ADDR, h, t),
+        Verdict::Process { first, last },
+        "{h:?}"
+    );
+}
+
 #[test]
 fn a_fragment_must_continue_its_message_exactly() {
     let t = Instant::now();
     let mut r: RecvTable<u32> = RecvTable::new(ReliableConfig::default());
     let first = header(1, 0, 10, 30, 0, 10);
-    assert_eq!(
-        r.on_frame(B_CH, A_ADDR, &first, t),
-        Verdict::Process {
-            first: true,
-            last: false
-        }
-    );
+    expect_process(&mut r, &first, t, true, false);
     assert_eq!(r.accepted(B_CH, A_ADDR, Some(7), t), None);
     let next = header(1, 1, 10, 30, 10, 10);
     let mut spoiled = Vec::new();
@@ -729,23 +731,11 @@ fn a_fragment_must_continue_its_message_exactly() {
         vec![AckKind::Cumulative { ack: 1 }],
         "invalid frames are not acked"
     );
-    assert_eq!(
-        r.on_frame(B_CH, A_ADDR, &next, t),
-        Verdict::Process {
-            first: false,
-            last: false
-        }
-    );
+    expect_process(&mut r, &next, t, false, false);
     *r.placement_mut(B_CH, A_ADDR).unwrap() += 1;
     assert_eq!(r.accepted(B_CH, A_ADDR, None, t), None);
     let last = header(1, 2, 10, 30, 20, 10);
-    assert_eq!(
-        r.on_frame(B_CH, A_ADDR, &last, t),
-        Verdict::Process {
-            first: false,
-            last: true
-        }
-    );
+    expect_process(&mut r, &last, t, false, true);
     assert_eq!(r.accepted(B_CH, A_ADDR, None, t), Some(8));
     // A new message must come after the last one: an older id is a stale frame.
     assert_eq!(
@@ -768,6 +758,25 @@ fn a_fragment_must_continue_its_message_exactly() {
     assert_eq!(r.take_abandoned().collect::<Vec<_>>(), vec![(B_CH, 99)]);
 }
 
+/// Feeds an ack from B to `local` into `s`; returns the completions.
+fn ack_in(
+    s: &mut SendTable<u32>,
+    local: ChannelId,
+    session: u32,
+    kind: AckKind,
+    at: Instant,
+) -> Vec<Completed<u32>> {
+    let a = AckFrame {
+        src_endpoint: B_ADDR.endpoint,
+        dst_endpoint: A_ADDR.endpoint,
+        session,
+        kind,
+    };
+    let mut done = Vec::new();
+    s.on_ack(local, B_ADDR, &a, at, &mut done);
+    done
+}
+
 #[test]
 fn the_first_frame_of_a_session_goes_alone_and_bad_acks_are_dropped() {
     let t = Instant::now();
@@ -783,43 +792,15 @@ fn the_first_frame_of_a_session_goes_alone_and_bad_acks_are_dropped() {
         true
     });
     assert_eq!(sent, vec![0], "one frame until the receiver holds state");
-    let ack = |session, kind| AckFrame {
-        src_endpoint: 2,
-        dst_endpoint: 1,
-        session,
-        kind,
-    };
     let session = s.session(A_CH, B_ADDR).unwrap().id();
+    let cum = |ack| AckKind::Cumulative { ack };
+    let t30 = t + Duration::from_micros(30);
     // A RESET before the session is established is not about it; wrong session, beyond sent.
-    s.on_ack(A_CH, B_ADDR, &ack(session, AckKind::Reset), t, &mut done);
-    s.on_ack(
-        A_CH,
-        B_ADDR,
-        &ack(session + 1, AckKind::Cumulative { ack: 1 }),
-        t,
-        &mut done,
-    );
-    s.on_ack(
-        A_CH,
-        B_ADDR,
-        &ack(session, AckKind::Cumulative { ack: 2 }),
-        t,
-        &mut done,
-    );
-    s.on_ack(
-        A_CH,
-        B_ADDR,
-        &ack(session, AckKind::Cumulative { ack: 1 }),
-        t + Duration::from_micros(30),
-        &mut done,
-    );
-    s.on_ack(
-        ChannelId(5),
-        B_ADDR,
-        &ack(session, AckKind::Cumulative { ack: 1 }),
-        t,
-        &mut done,
-    );
+    done.extend(ack_in(&mut s, A_CH, session, AckKind::Reset, t));
+    done.extend(ack_in(&mut s, A_CH, session + 1, cum(1), t));
+    done.extend(ack_in(&mut s, A_CH, session, cum(2), t));
+    done.extend(ack_in(&mut s, A_CH, session, cum(1), t30));
+    done.extend(ack_in(&mut s, ChannelId(5), session, cum(1), t));
     let c = s.counters();
     assert_eq!(
         (
@@ -841,13 +822,7 @@ fn the_first_frame_of_a_session_goes_alone_and_bad_acks_are_dropped() {
     assert_eq!(sent, (1..9).collect::<Vec<_>>());
     // Three duplicate acks: fast retransmit from the base.
     for _ in 0..3 {
-        s.on_ack(
-            A_CH,
-            B_ADDR,
-            &ack(session, AckKind::Cumulative { ack: 1 }),
-            t1,
-            &mut done,
-        );
+        done.extend(ack_in(&mut s, A_CH, session, cum(1), t1));
     }
     assert_eq!(s.counters().fast_retransmits, 1);
     sent.clear();
@@ -859,13 +834,8 @@ fn the_first_frame_of_a_session_goes_alone_and_bad_acks_are_dropped() {
     assert_eq!(sent, vec![1, 2], "the second was refused by a full ring");
     // Progress completes whole messages in order. The frame timed since t1 was retransmitted:
     // no sample from it (Karn); the estimate is still the first frame's 30 us.
-    s.on_ack(
-        A_CH,
-        B_ADDR,
-        &ack(session, AckKind::Cumulative { ack: 7 }),
-        t1 + Duration::from_micros(500),
-        &mut done,
-    );
+    let t2 = t1 + Duration::from_micros(500);
+    done.extend(ack_in(&mut s, A_CH, session, cum(7), t2));
     let statuses: Vec<_> = done.iter().map(|c| (c.handle, c.status)).collect();
     assert_eq!(
         statuses,
