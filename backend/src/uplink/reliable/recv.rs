@@ -30,6 +30,8 @@ counters! {
         resets_sent,
         /// First frames dropped because the table is full of live states.
         table_full,
+        /// Frames the engine could not place yet (blocked: not taken, retransmitted later).
+        blocked,
         /// Messages rejected (the engine could not place them).
         rejects,
         /// Frames of a rejected message, answered with the reject again.
@@ -45,7 +47,9 @@ counters! {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
     /// The next frame in order: place it, then call `accepted`, `blocked` or `rejected`. `first`:
-    /// it starts a message (create its placement); `last`: it ends it (publish).
+    /// it starts a message (create its placement); `last`: it ends it (publish). Whatever can
+    /// block (a posted buffer for the first frame, an RX ring slot for the last) is checked
+    /// before `accepted`: an accepted frame is never taken back.
     Process {
         /// The frame starts a message.
         first: bool,
@@ -300,6 +304,7 @@ impl<P> RecvSession<P> {
         };
         // A duplicate ack: the sender knows the peer is alive and retransmits on its timer.
         self.ack_due = true;
+        self.counters.blocked += 1;
         let since = match self.blocked_since {
             Some((seq, id, t)) if seq == h.seq && id == h.message_id => t,
             _ => {

@@ -502,7 +502,8 @@ fn a_receiver_blocked_past_the_wait_rejects_and_later_messages_follow() {
             sim.receiver.undone >= 1,
             "message 5's first frames were undone"
         );
-        assert!(sim.receiver.table.counters().rejects >= 2);
+        let r = sim.receiver.table.counters();
+        assert!(r.rejects >= 2 && r.blocked > r.rejects, "{r:?}");
     }
 }
 
@@ -983,4 +984,138 @@ fn tables_stay_within_their_bounds_under_garbage() {
         ids.sort_unstable();
         assert!(ids.windows(2).all(|w| w[0] != w[1]));
     }
+}
+
+#[test]
+fn a_reject_holds_until_a_later_message_takes_its_place() {
+    let t = Instant::now();
+    let cfg = ReliableConfig {
+        backpressure_wait: Duration::from_millis(1),
+        ..ReliableConfig::default()
+    };
+    let mut r: RecvTable<u32> = RecvTable::new(cfg);
+    // Message 4 (seq 0..=1) is delivered; message 5 starts at seq 2 and its second frame finds
+    // the RX ring full past the wait.
+    for (seq, off, last) in [(0, 0, false), (1, 10, true)] {
+        expect_process(&mut r, &header(1, seq, 4, 20, off, 10), t, off == 0, last);
+        r.accepted(B_CH, A_ADDR, (off == 0).then_some(40), t);
+    }
+    expect_process(&mut r, &header(1, 2, 5, 20, 0, 10), t, true, false);
+    assert_eq!(r.accepted(B_CH, A_ADDR, Some(50), t), None);
+    let second = header(1, 3, 5, 20, 10, 10);
+    expect_process(&mut r, &second, t, false, true);
+    assert_eq!(
+        r.blocked(B_CH, A_ADDR, t, CompletionStatus::RingFull),
+        Blocked::Wait
+    );
+    expect_process(&mut r, &second, t + Duration::from_millis(1), false, true);
+    assert_eq!(
+        r.blocked(
+            B_CH,
+            A_ADDR,
+            t + Duration::from_millis(1),
+            CompletionStatus::RingFull
+        ),
+        Blocked::Rejected(Some(50))
+    );
+    let reject = AckKind::Reject {
+        ack: 3,
+        message_id: 5,
+        status: CompletionStatus::RingFull,
+    };
+    let acks = |r: &mut RecvTable<u32>| {
+        let mut v = Vec::new();
+        r.take_acks(|a| v.push(a.kind));
+        v
+    };
+    assert_eq!(acks(&mut r), vec![reject]);
+    // Neither the rejected message again, nor an earlier one, nor a later one's second frame
+    // ends the reject: each draws it again.
+    for h in [
+        header(1, 3, 5, 20, 10, 10),
+        header(1, 2, 5, 20, 0, 10),
+        header(1, 3, 4, 5, 0, 5),
+        header(1, 3, 6, 20, 10, 10),
+        header(1, 4, 6, 5, 0, 5),
+    ] {
+        assert_eq!(r.on_frame(B_CH, A_ADDR, &h, t), Verdict::Drop, "{h:?}");
+        assert_eq!(acks(&mut r), vec![reject], "{h:?}");
+    }
+    // The renumbered message 6 at seq 3 ends it.
+    expect_process(&mut r, &header(1, 3, 6, 5, 0, 5), t, true, true);
+    assert_eq!(r.accepted(B_CH, A_ADDR, Some(60), t), Some(60));
+    assert_eq!(acks(&mut r), vec![AckKind::Cumulative { ack: 4 }]);
+    // A stale first frame of message 5 landing on the expected seq does not start it again.
+    assert_eq!(
+        r.on_frame(B_CH, A_ADDR, &header(1, 4, 5, 20, 0, 10), t),
+        Verdict::Drop
+    );
+    assert_eq!(r.counters().invalid, 1);
+}
+
+#[test]
+fn a_reject_mid_message_renumbers_from_the_rejected_frame() {
+    let t = Instant::now();
+    let mut s: SendTable<u32> = SendTable::new(ReliableConfig::default(), 70);
+    // Message 0: 3 frames (seq 0..=2); message 1: 1 frame (3); message 2: 2 frames (4..=5).
+    for (handle, len) in [(0, 3000), (1, 10), (2, 2000)] {
+        s.offer(A_CH, B_ADDR, handle, len, t).unwrap();
+    }
+    let session = s.session(A_CH, B_ADDR).unwrap().id();
+    let mut done = Vec::new();
+    let seqs = |s: &mut SendTable<u32>| {
+        let mut v = Vec::new();
+        s.transmit(t, |f| {
+            v.push((f.seq, *f.handle, f.frag_offset));
+            true
+        });
+        v
+    };
+    assert_eq!(seqs(&mut s), vec![(0, 0, 0)]);
+    done.extend(ack_in(
+        &mut s,
+        A_CH,
+        session,
+        AckKind::Cumulative { ack: 1 },
+        t,
+    ));
+    assert_eq!(seqs(&mut s).len(), 5);
+    // The receiver took frames 0 and 1 of message 0 and rejects it at frame 2.
+    let reject = AckKind::Reject {
+        ack: 2,
+        message_id: 0,
+        status: CompletionStatus::RingFull,
+    };
+    done.extend(ack_in(&mut s, A_CH, session, reject, t));
+    assert_eq!(done.len(), 1);
+    assert_eq!(
+        (done[0].handle, done[0].status),
+        (0, CompletionStatus::RingFull)
+    );
+    // Messages 1 and 2 now start at seq 2; nothing of them counts as sent.
+    assert_eq!(seqs(&mut s), vec![(2, 1, 0), (3, 2, 0), (4, 2, 1456)]);
+    // A stale ack from before the reject (frames 0..2 taken) acknowledges nothing new, and the
+    // reject again (a duplicate) is dropped.
+    done.extend(ack_in(
+        &mut s,
+        A_CH,
+        session,
+        AckKind::Cumulative { ack: 2 },
+        t,
+    ));
+    done.extend(ack_in(&mut s, A_CH, session, reject, t));
+    assert_eq!(done.len(), 1);
+    assert_eq!(s.counters().rejects_invalid, 1);
+    done.extend(ack_in(
+        &mut s,
+        A_CH,
+        session,
+        AckKind::Cumulative { ack: 5 },
+        t,
+    ));
+    let rest: Vec<_> = done[1..].iter().map(|c| (c.handle, c.status)).collect();
+    assert_eq!(
+        rest,
+        vec![(1, CompletionStatus::Ok), (2, CompletionStatus::Ok)]
+    );
 }
