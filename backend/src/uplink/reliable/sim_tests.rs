@@ -6,9 +6,7 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use svnic_channels::frame::{
-    AckFrame, AckKind, DataFrame, DataKind, Frame, FrameBody, MessageHeader,
-};
+use svnic_channels::frame::{AckFrame, AckKind, DataKind, Frame, FrameBody};
 use svnic_channels::{ChannelAddr, ChannelId, CompletionStatus, MacAddr};
 
 use super::*;
@@ -185,51 +183,30 @@ impl Receiver {
     fn send_acks(&mut self, now: Instant, back: &mut Link) {
         self.table.take_acks(|a| {
             assert_eq!((a.local, a.remote), (B_CH, A_ADDR));
-            back.send(now, ack_frame(a.session, a.kind));
+            back.send(now, a.frame(B_ADDR).encode().unwrap());
         });
     }
 }
 
+/// An ack from B's channel to A's, encoded (for answers that have no [`OutgoingAck`]).
 fn ack_frame(session: u32, kind: AckKind) -> Vec<u8> {
-    Frame {
-        dst: A_MAC,
-        src: B_MAC,
-        body: FrameBody::Ack(AckFrame {
-            src_endpoint: B_ADDR.endpoint,
-            dst_endpoint: A_ADDR.endpoint,
-            session,
-            kind,
-        }),
-    }
-    .encode()
-    .unwrap()
+    let a = OutgoingAck {
+        local: B_CH,
+        remote: A_ADDR,
+        session,
+        kind,
+    };
+    a.frame(B_ADDR).encode().unwrap()
 }
 
 fn data_frame(f: &FrameOut<'_, Msg>) -> Vec<u8> {
     let start = f.frag_offset as usize;
     let payload = &f.handle.payload[start..start + f.frag_len as usize];
     assert_eq!((f.local, f.remote), (A_CH, B_ADDR));
-    Frame {
-        dst: B_MAC,
-        src: A_MAC,
-        body: FrameBody::Data(DataFrame {
-            header: MessageHeader {
-                src_endpoint: A_ADDR.endpoint,
-                dst_endpoint: B_ADDR.endpoint,
-                kind: DataKind::DmaData,
-                msg_flags: 0,
-                message_id: f.message_id,
-                cookie: f.handle.index as u64,
-            },
-            session: f.session,
-            seq: f.seq,
-            total_len: f.total_len,
-            frag_offset: f.frag_offset,
-            payload,
-        }),
-    }
-    .encode()
-    .unwrap()
+    let cookie = f.handle.index as u64;
+    let frame = f.frame(A_ADDR, DataKind::DmaData, 0, cookie, payload);
+    assert_eq!(frame.dst, B_MAC);
+    frame.encode().unwrap()
 }
 
 /// Something to do at a point of the simulation.
