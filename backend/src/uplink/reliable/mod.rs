@@ -24,7 +24,9 @@ mod sim_tests;
 
 use std::time::Duration;
 
-use svnic_channels::frame::{AckKind, DataFrame, DataKind, DEFAULT_MTU, MAX_DATA_LEN};
+use svnic_channels::frame::{
+    AckFrame, AckKind, DataFrame, DataKind, Frame, FrameBody, DEFAULT_MTU, MAX_DATA_LEN,
+};
 use svnic_channels::{ChannelAddr, ChannelId, CompletionStatus, DataMessage};
 
 pub use fault::{FaultCounters, FaultInjection, FaultInjector};
@@ -232,6 +234,23 @@ pub struct OutgoingAck {
     pub session: u32,
     /// What to say.
     pub kind: AckKind,
+}
+
+impl OutgoingAck {
+    /// The ack frame to encode, from the receiving channel at `local_addr` (its MAC and
+    /// endpoint) to the sending channel.
+    pub fn frame(&self, local_addr: ChannelAddr) -> Frame<'static> {
+        Frame {
+            dst: self.remote.mac,
+            src: local_addr.mac,
+            body: FrameBody::Ack(AckFrame {
+                src_endpoint: local_addr.endpoint,
+                dst_endpoint: self.remote.endpoint,
+                session: self.session,
+                kind: self.kind,
+            }),
+        }
+    }
 }
 
 /// Defines a struct of `u64` counters with `add` (sums another one into it, for tables that

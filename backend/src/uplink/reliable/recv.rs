@@ -30,6 +30,8 @@ counters! {
         resets_sent,
         /// First frames dropped because the table is full of live states.
         table_full,
+        /// Frames the engine could not place yet (blocked: not taken, retransmitted later).
+        blocked,
         /// Messages rejected (the engine could not place them).
         rejects,
         /// Frames of a rejected message, answered with the reject again.
@@ -45,7 +47,9 @@ counters! {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
     /// The next frame in order: place it, then call `accepted`, `blocked` or `rejected`. `first`:
-    /// it starts a message (create its placement); `last`: it ends it (publish).
+    /// it starts a message (create its placement); `last`: it ends it (publish). Whatever can
+    /// block (a posted buffer for the first frame, an RX ring slot for the last) is checked
+    /// before `accepted`: an accepted frame is never taken back.
     Process {
         /// The frame starts a message.
         first: bool,
@@ -300,6 +304,7 @@ impl<P> RecvSession<P> {
         };
         // A duplicate ack: the sender knows the peer is alive and retransmits on its timer.
         self.ack_due = true;
+        self.counters.blocked += 1;
         let since = match self.blocked_since {
             Some((seq, id, t)) if seq == h.seq && id == h.message_id => t,
             _ => {
@@ -540,16 +545,18 @@ impl<P> RecvTable<P> {
         }
     }
 
+    fn keys_where(&self, f: impl Fn(&SessionKey, &RecvSession<P>) -> bool) -> Vec<SessionKey> {
+        self.sessions
+            .iter()
+            .filter(|(k, s)| f(k, s))
+            .map(|(k, _)| *k)
+            .collect()
+    }
+
     /// Drops every state without frames for the state lifetime; partial messages among them
     /// go to [`RecvTable::take_abandoned`].
     pub fn expire(&mut self, now: Instant) {
-        let old: Vec<SessionKey> = self
-            .sessions
-            .iter()
-            .filter(|(_, s)| self.expired(s, now))
-            .map(|(k, _)| *k)
-            .collect();
-        for k in old {
+        for k in self.keys_where(|_, s| self.expired(s, now)) {
             self.drop_state(k);
         }
     }
@@ -562,13 +569,7 @@ impl<P> RecvTable<P> {
 
     /// Drops the states of a destroyed local channel; `dropped` gets each partial placement.
     pub fn remove_local(&mut self, local: ChannelId, mut dropped: impl FnMut(P)) {
-        let keys: Vec<SessionKey> = self
-            .sessions
-            .keys()
-            .filter(|k| k.0 == local)
-            .copied()
-            .collect();
-        for k in keys {
+        for k in self.keys_where(|k, _| k.0 == local) {
             if let Some(mut s) = self.sessions.remove(&k) {
                 if let Some(p) = s.msg.take().and_then(|m| m.placement) {
                     dropped(p);

@@ -4,7 +4,9 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
-use svnic_channels::frame::{AckFrame, AckKind};
+use svnic_channels::frame::{
+    AckFrame, AckKind, DataFrame, DataKind, Frame, FrameBody, MessageHeader,
+};
 use svnic_channels::{ChannelAddr, ChannelId, CompletionStatus};
 
 use super::rtt::RttEstimator;
@@ -96,6 +98,40 @@ pub struct FrameOut<'a, T> {
     pub handle: &'a T,
     /// True if this frame was sent before (a go-back).
     pub retransmission: bool,
+}
+
+impl<T> FrameOut<'_, T> {
+    /// The data frame to encode: from the sending channel at `local_addr` (its MAC and
+    /// endpoint) to `remote`, for a message of `kind` with `msg_flags` and `cookie`; `payload`
+    /// is the message's bytes `frag_offset..frag_offset + frag_len`.
+    pub fn frame<'p>(
+        &self,
+        local_addr: ChannelAddr,
+        kind: DataKind,
+        msg_flags: u8,
+        cookie: u64,
+        payload: &'p [u8],
+    ) -> Frame<'p> {
+        Frame {
+            dst: self.remote.mac,
+            src: local_addr.mac,
+            body: FrameBody::Data(DataFrame {
+                header: MessageHeader {
+                    src_endpoint: local_addr.endpoint,
+                    dst_endpoint: self.remote.endpoint,
+                    kind,
+                    msg_flags,
+                    message_id: self.message_id,
+                    cookie,
+                },
+                session: self.session,
+                seq: self.seq,
+                total_len: self.total_len,
+                frag_offset: self.frag_offset,
+                payload,
+            }),
+        }
+    }
 }
 
 /// Session ids: an engine-wide counter seeded from the clock at start, so that a restarted

@@ -6,9 +6,7 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use svnic_channels::frame::{
-    AckFrame, AckKind, DataFrame, DataKind, Frame, FrameBody, MessageHeader,
-};
+use svnic_channels::frame::{AckFrame, AckKind, DataKind, Frame, FrameBody};
 use svnic_channels::{ChannelAddr, ChannelId, CompletionStatus, MacAddr};
 
 use super::*;
@@ -185,51 +183,30 @@ impl Receiver {
     fn send_acks(&mut self, now: Instant, back: &mut Link) {
         self.table.take_acks(|a| {
             assert_eq!((a.local, a.remote), (B_CH, A_ADDR));
-            back.send(now, ack_frame(a.session, a.kind));
+            back.send(now, a.frame(B_ADDR).encode().unwrap());
         });
     }
 }
 
+/// An ack from B's channel to A's, encoded (for answers that have no [`OutgoingAck`]).
 fn ack_frame(session: u32, kind: AckKind) -> Vec<u8> {
-    Frame {
-        dst: A_MAC,
-        src: B_MAC,
-        body: FrameBody::Ack(AckFrame {
-            src_endpoint: B_ADDR.endpoint,
-            dst_endpoint: A_ADDR.endpoint,
-            session,
-            kind,
-        }),
-    }
-    .encode()
-    .unwrap()
+    let a = OutgoingAck {
+        local: B_CH,
+        remote: A_ADDR,
+        session,
+        kind,
+    };
+    a.frame(B_ADDR).encode().unwrap()
 }
 
 fn data_frame(f: &FrameOut<'_, Msg>) -> Vec<u8> {
     let start = f.frag_offset as usize;
     let payload = &f.handle.payload[start..start + f.frag_len as usize];
     assert_eq!((f.local, f.remote), (A_CH, B_ADDR));
-    Frame {
-        dst: B_MAC,
-        src: A_MAC,
-        body: FrameBody::Data(DataFrame {
-            header: MessageHeader {
-                src_endpoint: A_ADDR.endpoint,
-                dst_endpoint: B_ADDR.endpoint,
-                kind: DataKind::DmaData,
-                msg_flags: 0,
-                message_id: f.message_id,
-                cookie: f.handle.index as u64,
-            },
-            session: f.session,
-            seq: f.seq,
-            total_len: f.total_len,
-            frag_offset: f.frag_offset,
-            payload,
-        }),
-    }
-    .encode()
-    .unwrap()
+    let cookie = f.handle.index as u64;
+    let frame = f.frame(A_ADDR, DataKind::DmaData, 0, cookie, payload);
+    assert_eq!(frame.dst, B_MAC);
+    frame.encode().unwrap()
 }
 
 /// Something to do at a point of the simulation.
@@ -502,7 +479,8 @@ fn a_receiver_blocked_past_the_wait_rejects_and_later_messages_follow() {
             sim.receiver.undone >= 1,
             "message 5's first frames were undone"
         );
-        assert!(sim.receiver.table.counters().rejects >= 2);
+        let r = sim.receiver.table.counters();
+        assert!(r.rejects >= 2 && r.blocked > r.rejects, "{r:?}");
     }
 }
 
@@ -690,18 +668,20 @@ fn stale_first_frames_of_older_sessions_are_not_delivered() {
     );
 }
 
+fn expect_process(r: &mut RecvTable<u32>, h: &DataHeader, t: Instant, first: bool, last: bool) {
+    assert_eq!(
+        r.on_frame(B_CH, A_ADDR, h, t),
+        Verdict::Process { first, last },
+        "{h:?}"
+    );
+}
+
 #[test]
 fn a_fragment_must_continue_its_message_exactly() {
     let t = Instant::now();
     let mut r: RecvTable<u32> = RecvTable::new(ReliableConfig::default());
     let first = header(1, 0, 10, 30, 0, 10);
-    assert_eq!(
-        r.on_frame(B_CH, A_ADDR, &first, t),
-        Verdict::Process {
-            first: true,
-            last: false
-        }
-    );
+    expect_process(&mut r, &first, t, true, false);
     assert_eq!(r.accepted(B_CH, A_ADDR, Some(7), t), None);
     let next = header(1, 1, 10, 30, 10, 10);
     let mut spoiled = Vec::new();
@@ -729,23 +709,11 @@ fn a_fragment_must_continue_its_message_exactly() {
         vec![AckKind::Cumulative { ack: 1 }],
         "invalid frames are not acked"
     );
-    assert_eq!(
-        r.on_frame(B_CH, A_ADDR, &next, t),
-        Verdict::Process {
-            first: false,
-            last: false
-        }
-    );
+    expect_process(&mut r, &next, t, false, false);
     *r.placement_mut(B_CH, A_ADDR).unwrap() += 1;
     assert_eq!(r.accepted(B_CH, A_ADDR, None, t), None);
     let last = header(1, 2, 10, 30, 20, 10);
-    assert_eq!(
-        r.on_frame(B_CH, A_ADDR, &last, t),
-        Verdict::Process {
-            first: false,
-            last: true
-        }
-    );
+    expect_process(&mut r, &last, t, false, true);
     assert_eq!(r.accepted(B_CH, A_ADDR, None, t), Some(8));
     // A new message must come after the last one: an older id is a stale frame.
     assert_eq!(
@@ -768,6 +736,25 @@ fn a_fragment_must_continue_its_message_exactly() {
     assert_eq!(r.take_abandoned().collect::<Vec<_>>(), vec![(B_CH, 99)]);
 }
 
+/// Feeds an ack from B to `local` into `s`; returns the completions.
+fn ack_in(
+    s: &mut SendTable<u32>,
+    local: ChannelId,
+    session: u32,
+    kind: AckKind,
+    at: Instant,
+) -> Vec<Completed<u32>> {
+    let a = AckFrame {
+        src_endpoint: B_ADDR.endpoint,
+        dst_endpoint: A_ADDR.endpoint,
+        session,
+        kind,
+    };
+    let mut done = Vec::new();
+    s.on_ack(local, B_ADDR, &a, at, &mut done);
+    done
+}
+
 #[test]
 fn the_first_frame_of_a_session_goes_alone_and_bad_acks_are_dropped() {
     let t = Instant::now();
@@ -783,43 +770,15 @@ fn the_first_frame_of_a_session_goes_alone_and_bad_acks_are_dropped() {
         true
     });
     assert_eq!(sent, vec![0], "one frame until the receiver holds state");
-    let ack = |session, kind| AckFrame {
-        src_endpoint: 2,
-        dst_endpoint: 1,
-        session,
-        kind,
-    };
     let session = s.session(A_CH, B_ADDR).unwrap().id();
+    let cum = |ack| AckKind::Cumulative { ack };
+    let t30 = t + Duration::from_micros(30);
     // A RESET before the session is established is not about it; wrong session, beyond sent.
-    s.on_ack(A_CH, B_ADDR, &ack(session, AckKind::Reset), t, &mut done);
-    s.on_ack(
-        A_CH,
-        B_ADDR,
-        &ack(session + 1, AckKind::Cumulative { ack: 1 }),
-        t,
-        &mut done,
-    );
-    s.on_ack(
-        A_CH,
-        B_ADDR,
-        &ack(session, AckKind::Cumulative { ack: 2 }),
-        t,
-        &mut done,
-    );
-    s.on_ack(
-        A_CH,
-        B_ADDR,
-        &ack(session, AckKind::Cumulative { ack: 1 }),
-        t + Duration::from_micros(30),
-        &mut done,
-    );
-    s.on_ack(
-        ChannelId(5),
-        B_ADDR,
-        &ack(session, AckKind::Cumulative { ack: 1 }),
-        t,
-        &mut done,
-    );
+    done.extend(ack_in(&mut s, A_CH, session, AckKind::Reset, t));
+    done.extend(ack_in(&mut s, A_CH, session + 1, cum(1), t));
+    done.extend(ack_in(&mut s, A_CH, session, cum(2), t));
+    done.extend(ack_in(&mut s, A_CH, session, cum(1), t30));
+    done.extend(ack_in(&mut s, ChannelId(5), session, cum(1), t));
     let c = s.counters();
     assert_eq!(
         (
@@ -841,13 +800,7 @@ fn the_first_frame_of_a_session_goes_alone_and_bad_acks_are_dropped() {
     assert_eq!(sent, (1..9).collect::<Vec<_>>());
     // Three duplicate acks: fast retransmit from the base.
     for _ in 0..3 {
-        s.on_ack(
-            A_CH,
-            B_ADDR,
-            &ack(session, AckKind::Cumulative { ack: 1 }),
-            t1,
-            &mut done,
-        );
+        done.extend(ack_in(&mut s, A_CH, session, cum(1), t1));
     }
     assert_eq!(s.counters().fast_retransmits, 1);
     sent.clear();
@@ -859,13 +812,8 @@ fn the_first_frame_of_a_session_goes_alone_and_bad_acks_are_dropped() {
     assert_eq!(sent, vec![1, 2], "the second was refused by a full ring");
     // Progress completes whole messages in order. The frame timed since t1 was retransmitted:
     // no sample from it (Karn); the estimate is still the first frame's 30 us.
-    s.on_ack(
-        A_CH,
-        B_ADDR,
-        &ack(session, AckKind::Cumulative { ack: 7 }),
-        t1 + Duration::from_micros(500),
-        &mut done,
-    );
+    let t2 = t1 + Duration::from_micros(500);
+    done.extend(ack_in(&mut s, A_CH, session, cum(7), t2));
     let statuses: Vec<_> = done.iter().map(|c| (c.handle, c.status)).collect();
     assert_eq!(
         statuses,
@@ -1013,4 +961,138 @@ fn tables_stay_within_their_bounds_under_garbage() {
         ids.sort_unstable();
         assert!(ids.windows(2).all(|w| w[0] != w[1]));
     }
+}
+
+#[test]
+fn a_reject_holds_until_a_later_message_takes_its_place() {
+    let t = Instant::now();
+    let cfg = ReliableConfig {
+        backpressure_wait: Duration::from_millis(1),
+        ..ReliableConfig::default()
+    };
+    let mut r: RecvTable<u32> = RecvTable::new(cfg);
+    // Message 4 (seq 0..=1) is delivered; message 5 starts at seq 2 and its second frame finds
+    // the RX ring full past the wait.
+    for (seq, off, last) in [(0, 0, false), (1, 10, true)] {
+        expect_process(&mut r, &header(1, seq, 4, 20, off, 10), t, off == 0, last);
+        r.accepted(B_CH, A_ADDR, (off == 0).then_some(40), t);
+    }
+    expect_process(&mut r, &header(1, 2, 5, 20, 0, 10), t, true, false);
+    assert_eq!(r.accepted(B_CH, A_ADDR, Some(50), t), None);
+    let second = header(1, 3, 5, 20, 10, 10);
+    expect_process(&mut r, &second, t, false, true);
+    assert_eq!(
+        r.blocked(B_CH, A_ADDR, t, CompletionStatus::RingFull),
+        Blocked::Wait
+    );
+    expect_process(&mut r, &second, t + Duration::from_millis(1), false, true);
+    assert_eq!(
+        r.blocked(
+            B_CH,
+            A_ADDR,
+            t + Duration::from_millis(1),
+            CompletionStatus::RingFull
+        ),
+        Blocked::Rejected(Some(50))
+    );
+    let reject = AckKind::Reject {
+        ack: 3,
+        message_id: 5,
+        status: CompletionStatus::RingFull,
+    };
+    let acks = |r: &mut RecvTable<u32>| {
+        let mut v = Vec::new();
+        r.take_acks(|a| v.push(a.kind));
+        v
+    };
+    assert_eq!(acks(&mut r), vec![reject]);
+    // Neither the rejected message again, nor an earlier one, nor a later one's second frame
+    // ends the reject: each draws it again.
+    for h in [
+        header(1, 3, 5, 20, 10, 10),
+        header(1, 2, 5, 20, 0, 10),
+        header(1, 3, 4, 5, 0, 5),
+        header(1, 3, 6, 20, 10, 10),
+        header(1, 4, 6, 5, 0, 5),
+    ] {
+        assert_eq!(r.on_frame(B_CH, A_ADDR, &h, t), Verdict::Drop, "{h:?}");
+        assert_eq!(acks(&mut r), vec![reject], "{h:?}");
+    }
+    // The renumbered message 6 at seq 3 ends it.
+    expect_process(&mut r, &header(1, 3, 6, 5, 0, 5), t, true, true);
+    assert_eq!(r.accepted(B_CH, A_ADDR, Some(60), t), Some(60));
+    assert_eq!(acks(&mut r), vec![AckKind::Cumulative { ack: 4 }]);
+    // A stale first frame of message 5 landing on the expected seq does not start it again.
+    assert_eq!(
+        r.on_frame(B_CH, A_ADDR, &header(1, 4, 5, 20, 0, 10), t),
+        Verdict::Drop
+    );
+    assert_eq!(r.counters().invalid, 1);
+}
+
+#[test]
+fn a_reject_mid_message_renumbers_from_the_rejected_frame() {
+    let t = Instant::now();
+    let mut s: SendTable<u32> = SendTable::new(ReliableConfig::default(), 70);
+    // Message 0: 3 frames (seq 0..=2); message 1: 1 frame (3); message 2: 2 frames (4..=5).
+    for (handle, len) in [(0, 3000), (1, 10), (2, 2000)] {
+        s.offer(A_CH, B_ADDR, handle, len, t).unwrap();
+    }
+    let session = s.session(A_CH, B_ADDR).unwrap().id();
+    let mut done = Vec::new();
+    let seqs = |s: &mut SendTable<u32>| {
+        let mut v = Vec::new();
+        s.transmit(t, |f| {
+            v.push((f.seq, *f.handle, f.frag_offset));
+            true
+        });
+        v
+    };
+    assert_eq!(seqs(&mut s), vec![(0, 0, 0)]);
+    done.extend(ack_in(
+        &mut s,
+        A_CH,
+        session,
+        AckKind::Cumulative { ack: 1 },
+        t,
+    ));
+    assert_eq!(seqs(&mut s).len(), 5);
+    // The receiver took frames 0 and 1 of message 0 and rejects it at frame 2.
+    let reject = AckKind::Reject {
+        ack: 2,
+        message_id: 0,
+        status: CompletionStatus::RingFull,
+    };
+    done.extend(ack_in(&mut s, A_CH, session, reject, t));
+    assert_eq!(done.len(), 1);
+    assert_eq!(
+        (done[0].handle, done[0].status),
+        (0, CompletionStatus::RingFull)
+    );
+    // Messages 1 and 2 now start at seq 2; nothing of them counts as sent.
+    assert_eq!(seqs(&mut s), vec![(2, 1, 0), (3, 2, 0), (4, 2, 1456)]);
+    // A stale ack from before the reject (frames 0..2 taken) acknowledges nothing new, and the
+    // reject again (a duplicate) is dropped.
+    done.extend(ack_in(
+        &mut s,
+        A_CH,
+        session,
+        AckKind::Cumulative { ack: 2 },
+        t,
+    ));
+    done.extend(ack_in(&mut s, A_CH, session, reject, t));
+    assert_eq!(done.len(), 1);
+    assert_eq!(s.counters().rejects_invalid, 1);
+    done.extend(ack_in(
+        &mut s,
+        A_CH,
+        session,
+        AckKind::Cumulative { ack: 5 },
+        t,
+    ));
+    let rest: Vec<_> = done[1..].iter().map(|c| (c.handle, c.status)).collect();
+    assert_eq!(
+        rest,
+        vec![(1, CompletionStatus::Ok), (2, CompletionStatus::Ok)]
+    );
 }
