@@ -25,9 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use log::warn;
-use svnic_channels::frame::{
-    AckFrame, AckKind, DataFrame, DataKind, Frame, FrameBody, MessageHeader,
-};
+use svnic_channels::frame::{AckFrame, AckKind, DataFrame, DataKind, Frame, FrameBody};
 use svnic_channels::message::FLAG_WANT_COMPLETION;
 use svnic_channels::{ChannelAddr, ChannelId, CompletionStatus, MacAddr, RawMessage};
 use svnic_control_plane::RoutingSnapshot;
@@ -481,25 +479,7 @@ impl WireSide {
                 // the receiver refuses it as invalid and the peer timeout fails the message.
                 payload.clear();
             }
-            let data = Frame {
-                dst: f.remote.mac,
-                src: src.addr.mac,
-                body: FrameBody::Data(DataFrame {
-                    header: MessageHeader {
-                        src_endpoint: src.addr.endpoint,
-                        dst_endpoint: f.remote.endpoint,
-                        kind: msg.kind(),
-                        msg_flags: msg.flags,
-                        message_id: f.message_id,
-                        cookie: msg.cookie,
-                    },
-                    session: f.session,
-                    seq: f.seq,
-                    total_len: f.total_len,
-                    frag_offset: f.frag_offset,
-                    payload,
-                }),
-            };
+            let data = f.frame(src.addr, msg.kind(), msg.flags, msg.cookie, payload);
             frame.clear();
             if data.encode_into(frame).is_err() {
                 return true;
@@ -508,6 +488,16 @@ impl WireSide {
             sent += u64::from(ok);
             ok
         });
+        if sent == 0 {
+            // The link is idle: frames the fault injector held back go now, or they would wait
+            // for traffic that may never come.
+            if let Some(f) = &mut self.fault {
+                f.release_all(&mut self.faulted);
+                for held in std::mem::take(&mut self.faulted) {
+                    let _ = queue(&mut self.socket, &self.counters, &held);
+                }
+            }
+        }
         if let Err(e) = self.socket.flush() {
             log::debug!("uplink: flush: {e}");
         }
