@@ -158,17 +158,20 @@ fn fi_pingpong_rdm_through_ofi_rxd_between_two_pool_members_1b_to_64k_verified()
     assert_eq!(accepted_once_empty(&pool), 2 * sizes.len() as u64);
 }
 
-/// How long ofi_rxd (libfabric 1.17, prov/rxd) would keep retransmitting to a silent peer before
-/// failing the sends to it with `FI_ECONNREFUSED`, by its source: 51 retransmissions, the n-th
-/// after `min(2^n, 4000)` ms (rxd_get_timeout, RXD_MAX_PKT_RETRY 50), about 160 s.
+/// At most how long ofi_rxd (libfabric 1.17, prov/rxd) would keep retransmitting to a silent
+/// peer before failing the sends to it with `FI_ECONNREFUSED`: 51 retransmissions, the n-th after
+/// `min(2^n, 4000)` ms (rxd_get_timeout, RXD_MAX_PKT_RETRY 50), about 160 s (112 s where the
+/// 31st does not stall, as the overflow makes it wait 1 ms and the next ones 2^(n-32) ms).
 const RXD_GIVES_UP: Duration = Duration::from_millis(4095 + 39 * 4000);
 
 /// The survivor of a killed peer under `-e rdm` (ofi_rxd over the DGRAM core) does not end: rxd
 /// 1.17 tells its user of a dead peer only by failing sends the peer never acknowledged, after
-/// 51 retransmissions, and here its retransmissions stop after about 30 (some 80 s after the
-/// kill) and it waits for ever; a survivor waiting in a receive waits for ever by design (rxd has
-/// no keepalive, and it only logs the core's error completions). docs/libfabric.md has the
-/// details. Run with `--ignored` to see it; it passes once the RDM path reports dead peers.
+/// 51 retransmissions, but its 31st retransmission waits until `timestamp + (1 << 31)` in C
+/// `int` arithmetic, a wrapped time that never comes on a machine up for less than 24.8 days, so
+/// it stops retransmitting some 80 s after the kill and waits for ever; a survivor waiting in a
+/// receive waits for ever by design (rxd has no keepalive, and only logs the core's error
+/// completions). docs/libfabric.md has the details. Run with `--ignored` to see it; it passes
+/// once the RDM path reports dead peers.
 #[test]
 #[ignore = "ofi_rxd 1.17 never fails an operation for a dead peer (docs/libfabric.md)"]
 fn fi_pingpong_rdm_survivor_of_a_killed_peer_gets_an_error_not_a_hang() {
