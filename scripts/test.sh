@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 
 echo "== guest image for the VM tests (vm-images/build.sh; cached, see docs/vm.md)"
-vm-images/build.sh --build-guest
+vm-images/build.sh --build-guest --libfabric
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -4,7 +4,7 @@
 # have been built. Idempotent: everything is cached under vm-images/build/ (git-ignored) and a
 # rerun with unchanged inputs only checks. Needs nothing but the Debian package mirrors.
 #
-#   vm-images/build.sh [--build-guest]
+#   vm-images/build.sh [--build-guest] [--libfabric]
 #
 # Outputs (stable paths, used by vm-images/launch.sh and the VM tests):
 #   vm-images/build/vmlinuz              the kernel
@@ -17,8 +17,15 @@
 #   SVNIC_EXTRA_MODULES   more modules to load at boot, in order (e.g. "uio uio_pci_generic")
 #   SVNIC_GUEST_BIN_DIR   where the static guest binaries are
 #                         (default target/x86_64-unknown-linux-gnu/release; honours CARGO_TARGET_DIR)
+#   SVNIC_FI_PROVIDER     the libfabric provider to include with --libfabric
+#                         (default target/release/libsvnic_fi.so; honours CARGO_TARGET_DIR)
 #
-# --build-guest first builds the guest binaries (svnic-guest, svnic-guestd) statically with cargo.
+# --build-guest first builds the guest binaries (svnic-guest, svnic-guestd) statically with cargo,
+# and with --libfabric the provider (release) too.
+# --libfabric adds libfabric (the host's Debian libfabric1 and libfabric-bin: fi_pingpong, fi_info,
+# every library they and the provider load, and the dynamic loader, resolved with ldd) and
+# libsvnic-fi.so (in /lib/svnic-fi: FI_PROVIDER_PATH=/lib/svnic-fi in the guest), plus an
+# /etc/passwd with user nobody (65534) for busybox su. It fails if they are missing on the host.
 # Installing packages (qemu-system-x86, cpio, ...) needs root; it is skipped when they are present.
 # busybox-static is not installed (it conflicts with Debian's busybox package): like the kernel, it
 # is downloaded and unpacked into the build directory.
@@ -30,10 +37,13 @@ build=${SVNIC_VM_BUILD:-$here/build}
 guest_bin_dir=${SVNIC_GUEST_BIN_DIR:-${CARGO_TARGET_DIR:-$repo/target}/x86_64-unknown-linux-gnu/release}
 guest_bins=(svnic-guest svnic-guestd)
 build_guest=0
+with_libfabric=0
+fi_provider=${SVNIC_FI_PROVIDER:-${CARGO_TARGET_DIR:-$repo/target}/release/libsvnic_fi.so}
 
 for arg in "$@"; do
     case "$arg" in
     --build-guest) build_guest=1 ;;
+    --libfabric) with_libfabric=1 ;;
     -h | --help)
         sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
         exit 0
@@ -253,6 +263,10 @@ if [ "$build_guest" = 1 ]; then
     say "building the static guest binaries"
     (cd "$repo" && RUSTFLAGS='-C target-feature=+crt-static' \
         cargo build --release --target x86_64-unknown-linux-gnu -p svnic-guest-tools -p svnic-guestd --bins)
+    if [ "$with_libfabric" = 1 ]; then
+        say "building the libfabric provider (release)"
+        (cd "$repo" && cargo build --release -p svnic-libfabric --lib)
+    fi
 fi
 included=()
 for b in "${guest_bins[@]}"; do
@@ -267,6 +281,40 @@ for b in "${guest_bins[@]}"; do
     fi
 done
 
+# libfabric: the host's tools and libraries at the same paths in the guest (same Debian 12
+# userland), the closure of what they load as ldd resolves it. libfabric 1.17 of Debian has its
+# providers built in (no provider directory to dlopen from); ibverbs and psm2 find no devices.
+fi_files=()
+if [ "$with_libfabric" = 1 ]; then
+    command -v ldd >/dev/null 2>&1 || die "--libfabric needs ldd (libc-bin)"
+    fi_tools=()
+    for t in fi_pingpong fi_info; do
+        p=$(command -v "$t") || die "--libfabric: $t not found (scripts/setup.sh installs libfabric-bin)"
+        fi_tools+=("$p")
+    done
+    [ -f "$fi_provider" ] || die "--libfabric: $fi_provider not found (build it: --build-guest --libfabric)"
+    mkdir -p "$stage/lib/svnic-fi"
+    if command -v strip >/dev/null 2>&1; then
+        strip --strip-debug -o "$stage/lib/svnic-fi/libsvnic-fi.so" "$fi_provider"
+    else
+        cp "$fi_provider" "$stage/lib/svnic-fi/libsvnic-fi.so"
+    fi
+    for t in "${fi_tools[@]}"; do
+        cp "$t" "$stage/usr/bin/"
+        fi_files+=("/usr/bin/${t##*/}")
+    done
+    libs=$(ldd "${fi_tools[@]}" "$fi_provider" |
+        awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// && $1 !~ /:$/ {print $1}' | sort -u)
+    [ -n "$libs" ] || die "--libfabric: ldd found no libraries"
+    for l in $libs; do
+        mkdir -p "$stage$(dirname "$l")"
+        cp -L "$l" "$stage$l"
+        fi_files+=("$l")
+    done
+    printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/sh\n' >"$stage/etc/passwd"
+    printf 'root:x:0:\nnogroup:x:65534:\n' >"$stage/etc/group"
+fi
+
 {
     echo "kernel_package=$(basename "$kernel_deb")"
     echo "kernel_release=$kver"
@@ -274,6 +322,7 @@ done
     echo "modules=${load_order[*]}"
     echo "builtin_modules=${builtin[*]}"
     echo "guest_binaries=${included[*]}"
+    echo "libfabric=${fi_files[*]}${fi_files[*]:+ /lib/svnic-fi/libsvnic-fi.so}"
 } >"$stage/etc/svnic-image"
 
 # --- pack, unless the same tree was packed before --------------------------------------------------
@@ -315,4 +364,7 @@ if ((${#included[@]})); then
 else
     say "guest binaries: none yet (looked in $guest_bin_dir; see docs/vm.md)"
 fi
-say "ready: $build/vmlinuz $initramfs"
+if [ "$with_libfabric" = 1 ]; then
+    say "libfabric: ${#fi_files[@]} files and /lib/svnic-fi/libsvnic-fi.so (from $fi_provider)"
+fi
+say "ready: $build/vmlinuz $initramfs ($(du -k "$initramfs" | cut -f1) KiB)"

@@ -14,6 +14,10 @@
 #     quit:ADDR[:PORT]        connect to ADDR:PORT (9): releases a peer's wait-quit
 #     sleep:SECS              sleep
 #     cmd:WORD+WORD+...       run a command ('+' stands for a space), e.g. cmd:svnic-guest+--help
+#     user:WORD+WORD+...      the same as user nobody (65534; busybox su, /etc/passwd of --libfabric)
+#     user-bg:WORD+WORD+...   that in the background; wait-bg waits for it (its exit status)
+#     wait-bg                 wait for the last user-bg command
+#     listening:PORT[:SECS]   wait until something listens on TCP PORT here, at most SECS (60)
 #     shell                   an interactive shell on the console
 #     probe                   print SVNIC-PROBE ok and power off at once (the launcher's KVM probe)
 #
@@ -93,6 +97,17 @@ tcp_echo_once() {
     [ "$got" = "$2" ]
 }
 
+# Whether something listens on TCP port $1 (state 0A in /proc/net/tcp, the port in hex).
+listens() {
+    hex=$(printf ':%04X' "$1")
+    awk -v p="$hex" 'NR > 1 && substr($2, length($2) - 4) == p && $4 == "0A" {f = 1} END {exit !f}' \
+        /proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
+
+as_nobody() {
+    su -s /bin/sh -c "$1" nobody
+}
+
 quit_once() {
     echo quit | timeout 10 nc -w 5 "$1" "$2" >/dev/null 2>&1
 }
@@ -103,10 +118,18 @@ run_step() {
     verb=${1%%:*}
     rest=${1#"$verb"}
     rest=${rest#:}
-    if [ "$verb" = cmd ]; then
+    case "$verb" in
+    cmd)
         sh -c "$(echo "$rest" | tr '+' ' ')"
-        return
-    fi
+        return ;;
+    user)
+        as_nobody "$(echo "$rest" | tr '+' ' ')"
+        return ;;
+    user-bg)
+        as_nobody "$(echo "$rest" | tr '+' ' ')" &
+        bg_pid=$!
+        return ;;
+    esac
     IFS=:
     # shellcheck disable=SC2086 # split the fields on purpose
     set -- $rest
@@ -126,6 +149,10 @@ run_step() {
         retry 30 quit_once "$1" "${2:-9}" ;;
     sleep)
         sleep "${1:-1}" ;;
+    wait-bg)
+        [ -n "$bg_pid" ] && wait "$bg_pid" ;;
+    listening)
+        retry "${2:-60}" listens "$1" ;;
     shell)
         echo "svnic guest shell; 'exit' powers off"
         setsid cttyhack sh ;;

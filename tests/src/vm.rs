@@ -44,6 +44,31 @@ impl Image {
         }
         Ok(image)
     }
+
+    /// Checks that the manifest `vm-images/build.sh` wrote beside the initramfs lists every one
+    /// of `want` in its `key=` line (e.g. `guest_binaries`, `libfabric`), or says what is missing.
+    pub fn manifest_lists(&self, key: &str, want: &[&str]) -> Result<(), String> {
+        let manifest = self.initrd.with_file_name("manifest");
+        let text =
+            fs::read_to_string(&manifest).map_err(|e| format!("{}: {e}", manifest.display()))?;
+        let prefix = format!("{key}=");
+        let listed: Vec<&str> = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        let missing: Vec<&&str> = want.iter().filter(|w| !listed.contains(w)).collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "the guest image lacks {missing:?} ({} {key}=): run vm-images/build.sh \
+                 --build-guest --libfabric (scripts/test.sh does)",
+                manifest.display()
+            ))
+        }
+    }
 }
 
 /// What a guest is asked to be.

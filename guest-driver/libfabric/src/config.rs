@@ -25,6 +25,8 @@ pub const ENDPOINT_SEARCH: u32 = 64;
 pub struct Config {
     /// `FI_SVNIC_SOCKET`: the vhost-user socket of the host-process guest.
     pub socket: Option<PathBuf>,
+    /// `FI_SVNIC_AGENT`: the guest agent's socket (VM mode).
+    pub agent: Option<PathBuf>,
     /// `FI_SVNIC_ENDPOINT`: the endpoint id of the (first) endpoint; else the first free one.
     pub endpoint: Option<u32>,
     /// `FI_SVNIC_MAX_MSG_SIZE` (bytes, 41..=1 MiB).
@@ -62,6 +64,9 @@ impl Config {
     pub fn from_env() -> Config {
         Config {
             socket: std::env::var_os("FI_SVNIC_SOCKET")
+                .filter(|s| !s.is_empty())
+                .map(PathBuf::from),
+            agent: std::env::var_os("FI_SVNIC_AGENT")
                 .filter(|s| !s.is_empty())
                 .map(PathBuf::from),
             endpoint: std::env::var("FI_SVNIC_ENDPOINT")

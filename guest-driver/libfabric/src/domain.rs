@@ -1,5 +1,6 @@
-//! The domain: one host-process guest (a vhost-user connection to the svnic daemon), shared by
-//! the endpoints, AVs and CQs opened on it. Memory registration ([`mr`]) is a domain operation.
+//! The domain: one attachment to svnic (a host-process guest's vhost-user connection to the
+//! daemon, or a connection to the VM's guest agent), shared by the endpoints, AVs and CQs opened
+//! on it. Memory registration ([`mr`]) is a domain operation.
 
 pub mod mr;
 
@@ -50,7 +51,7 @@ static DOMAIN_OPS: FiOpsDomain = FiOpsDomain {
     ..FiOpsDomain::ENOSYS
 };
 
-/// `fi_domain`: connects to `FI_SVNIC_SOCKET` as a host-process guest.
+/// `fi_domain`: attaches as [`crate::attach::choose`] says (host-process or VM mode).
 ///
 /// # Safety
 /// `out` must be NULL or writable.

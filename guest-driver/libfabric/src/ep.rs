@@ -27,7 +27,6 @@ use svnic_channels::message::INLINE_CAPACITY;
 use svnic_channels::ChannelMem;
 use svnic_channels::{ChannelAddr, Completion, CompletionStatus, DataRef, Message};
 use svnic_client::{Channel, ChannelError, Completions};
-use svnic_host_frontend::host_guest::ChannelWaiter;
 
 use crate::addr::{self, ADDR_LEN};
 use crate::attach::{DomainInner, CONTROL_TIMEOUT};
@@ -160,7 +159,7 @@ struct EpState {
 #[derive(Debug)]
 pub struct EpInner {
     domain: Arc<DomainInner>,
-    waiter: ChannelWaiter,
+    waiter: crate::attach::Waiter,
     max_msg: usize,
     state: Mutex<EpState>,
 }
@@ -259,7 +258,14 @@ pub(crate) fn open(
     }
     let at = |i: u64| layout.data_offset + i * msg;
     let addr = channel.addr();
-    let waiter = d.guest.waiter(&channel);
+    let waiter = match d.guest.waiter(&channel) {
+        Ok(w) => w,
+        Err(e) => {
+            log::warn!("svnic provider: no wake waiter for the endpoint's channel: {e}");
+            let _ = d.guest.destroy_channel(channel, CONTROL_TIMEOUT);
+            return -FI_EIO;
+        }
+    };
     log::info!(
         "svnic provider: endpoint {addr} ({rx} receive, {tx} staging buffers of {msg} bytes)"
     );

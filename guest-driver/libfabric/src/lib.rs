@@ -2,14 +2,16 @@
 //!
 //! libfabric `dlopen`s this library from `FI_PROVIDER_PATH` and calls [`fi_prov_ini`]; the
 //! provider it returns is named `svnic` and offers one endpoint type, `FI_EP_DGRAM` with
-//! `FI_MSG`: every endpoint is one svnic channel of a host-process guest (the vhost-user socket
-//! named by `FI_SVNIC_SOCKET`). docs/libfabric.md lists capabilities, attributes and variables.
+//! `FI_MSG`: every endpoint is one svnic channel, of a host-process guest (the vhost-user socket
+//! named by `FI_SVNIC_SOCKET`) or, inside a VM, of the guest whose agent (`svnic-guestd`, socket
+//! `FI_SVNIC_AGENT` or its default) creates it for this unprivileged process. docs/libfabric.md
+//! lists capabilities, attributes and variables.
 //!
 //! - [`ffi`]: the C structs and operation tables, mirrored by hand with layout assertions;
 //! - [`info`]: `fi_getinfo` (hints matching, `fi_info` lists allocated with libc);
 //! - [`addr`]: the provider address, (MAC, endpoint) as 16 canonical bytes;
 //! - [`fabric`], [`domain`] (with memory registration), [`av`], [`cq`], [`eq`], [`ep`]: one
-//!   module per object; [`attach`]: how a domain reaches the svnic daemon;
+//!   module per object; [`attach`]: how a domain reaches svnic (either mode);
 //! - [`config`]: the environment variables; [`errors`]: svnic statuses as libfabric errors.
 //!
 //! Every `extern "C"` entry point runs its body under [`guard`] (a panic becomes `-FI_EOTHER`,
