@@ -27,6 +27,17 @@ impl DaemonFixture {
     /// `(mac, extra)` of `guests`; `extra` is appended to the guest's `--guest` spec (e.g.
     /// `",channels=2"`). `overrides.workers` defaults to 1.
     pub fn start(name: &str, guests: &[(MacAddr, &str)], overrides: EngineOverrides) -> Self {
+        Self::start_with(name, guests, overrides, |_| {})
+    }
+
+    /// [`DaemonFixture::start`], with `tweak` applied to the configuration before the daemon
+    /// starts (for settings no command line gives, such as the engine's idle passes).
+    pub fn start_with(
+        name: &str,
+        guests: &[(MacAddr, &str)],
+        overrides: EngineOverrides,
+        tweak: impl FnOnce(&mut DaemonConfig),
+    ) -> Self {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
             "svnic-{name}-{}-{}",
@@ -49,8 +60,9 @@ impl DaemonFixture {
             workers: overrides.workers.or(Some(1)),
             ..overrides
         };
-        let cfg =
+        let mut cfg =
             DaemonConfig::load(None, &specs, &overrides, Some(dir.join("admin.sock"))).unwrap();
+        tweak(&mut cfg);
         DaemonFixture {
             daemon: Some(Daemon::start(&cfg, AdminSocket::Off).unwrap()),
             dir,
