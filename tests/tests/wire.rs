@@ -354,3 +354,193 @@ fn a_killed_peer_engine_fails_its_senders_in_time_and_a_restarted_one_takes_traf
     receive_numbered(&gb, &mut cb, ca.addr(), 100);
     assert!(errors.is_empty(), "{errors:?}");
 }
+
+/// A frame of random length 14..=1514 with random bytes (a weak generator is enough).
+fn garbage(state: &mut u64) -> Vec<u8> {
+    let mut next = || {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    };
+    let len = 14 + (next() % 1501) as usize;
+    let mut f: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+    match next() % 4 {
+        // An svnic frame with a random body, of a type that comes from the wire, to a MAC of
+        // host A's range, from a unicast source.
+        0 | 1 => {
+            f.resize(f.len().max(64), 0);
+            f[..6].copy_from_slice(&[0x52, 0x54, 0x00, 0x10, 0x00, (next() % 3) as u8]);
+            f[6] &= 0xfe;
+            f[12..16].copy_from_slice(&[0x88, 0xb5, 1, if next() % 2 == 0 { 3 } else { 6 }]);
+        }
+        // Anything at all, but from a unicast source.
+        _ => f[6] &= 0xfe,
+    }
+    f
+}
+
+#[test]
+fn spoofed_and_garbage_frames_from_the_wire_are_dropped_and_counted_and_local_traffic_flows() {
+    let opts = WireOptions {
+        guests: 2,
+        ..WireOptions::default()
+    };
+    let Some(hosts) = two_hosts("wire-hostile", &opts) else {
+        return;
+    };
+    use svnic_backend::uplink::packet::{PacketConfig, PacketSocket};
+    let a = &hosts.hosts[0];
+    // The attacker: a raw socket on host B's end of the cable.
+    let mut evil = hosts.hosts[1]
+        .ns()
+        .run_in(|| PacketSocket::open("sv0", &PacketConfig::default()))
+        .unwrap()
+        .unwrap();
+    let mut local = PolitePair::connect(&a.socket(0), &a.socket(1)).unwrap();
+    assert_round_trip(&mut local);
+    let (mac0, mac1) = (local.a.mac(), local.b.mac());
+
+    // A frame to guest 0 claiming to come from guest 1, both of host A: never delivered.
+    let spoofed = svnic_tests::polite_pair::test_frame(mac0, mac1, 0x5ec);
+    for _ in 0..10 {
+        evil.queue(&spoofed).unwrap();
+    }
+    evil.flush().unwrap();
+    let w = &uplink_until(a, |w| w[0].get("rx_spoofed") >= 10)[0];
+    assert!(w.get("rx_spoofed") >= 10, "{w:?}");
+    let mut got = Vec::new();
+    local.a.recv_raw(&mut got, 256).unwrap();
+    assert!(!got.contains(&spoofed), "a spoofed frame reached guest 0");
+
+    // A flood of garbage while the local guests keep talking.
+    let before = uplink_until(a, |_| true)[0].clone();
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let flood = std::thread::scope(|s| {
+        let flooder = s.spawn(|| {
+            let mut sent = 0u64;
+            for _ in 0..30_000 {
+                let f = garbage(&mut state);
+                loop {
+                    match evil.queue(&f) {
+                        Ok(()) => break,
+                        Err(svnic_backend::uplink::packet::PacketError::Full) => {
+                            evil.flush().unwrap();
+                            std::thread::yield_now();
+                        }
+                        Err(e) => panic!("cannot queue a {}-byte frame: {e}", f.len()),
+                    }
+                }
+                sent += 1;
+            }
+            evil.flush().unwrap();
+            sent
+        });
+        for _ in 0..20 {
+            assert_round_trip(&mut local);
+        }
+        flooder.join().unwrap()
+    });
+    assert_eq!(flood, 30_000);
+    assert_round_trip(&mut local);
+    let after = &uplink_until(a, |w| {
+        w[0].get("rx_frames") >= before.get("rx_frames") + 1000
+    })[0];
+    let dropped: u64 = [
+        "rx_malformed",
+        "rx_spoofed",
+        "rx_not_local",
+        "rx_no_route",
+        "invalid",
+    ]
+    .iter()
+    .map(|n| after.get(n) - before.get(n))
+    .sum();
+    assert!(dropped > 1000, "garbage not counted as dropped: {after:?}");
+    // And the wire still carries good traffic (the local guests' sockets freed first: a guest's
+    // socket serves one frontend at a time).
+    drop(local);
+    let mut across = PolitePair::connect(&a.socket(0), &hosts.hosts[1].socket(0)).unwrap();
+    assert_round_trip(&mut across);
+}
+
+#[test]
+fn every_frame_of_an_endpoint_is_handled_by_the_worker_serving_its_channel() {
+    let opts = WireOptions {
+        workers: 2,
+        ..WireOptions::default()
+    };
+    let Some(hosts) = two_hosts("wire-steer", &opts) else {
+        return;
+    };
+    let (ga, gb) = (guest(&hosts, 0, 0), guest(&hosts, 1, 0));
+    let mut senders = [channel(&ga, 9, 2), channel(&ga, 10, 2)];
+    let mut receivers: Vec<Channel> = (1..=4).map(|e| channel(&gb, e, 2)).collect();
+    const K: u64 = 200;
+    for (i, r) in receivers.iter().enumerate() {
+        assert_eq!(
+            r.served_by().0 as usize,
+            (i + 1) % 2,
+            "endpoint {} is placed on worker endpoint % 2",
+            i + 1
+        );
+    }
+    let to: Vec<ChannelAddr> = receivers.iter().map(|r| r.addr()).collect();
+    let from: Vec<ChannelAddr> = senders.iter().map(|s| s.addr()).collect();
+    std::thread::scope(|s| {
+        let ga = &ga;
+        let to = &to;
+        s.spawn(move || {
+            // Sender 0 (endpoint 9, worker 1) to endpoints 1 and 2; sender 1 (endpoint 10,
+            // worker 0) to 3 and 4; every success completion asked for.
+            for (k, sender) in senders.iter_mut().enumerate() {
+                for j in 0..K {
+                    for dest in &to[2 * k..2 * k + 2] {
+                        while !sender
+                            .send_user(*dest, j, &j.to_le_bytes(), Completions::Always)
+                            .unwrap()
+                        {
+                            sender.flush().unwrap();
+                            std::thread::sleep(Duration::from_micros(200));
+                        }
+                    }
+                }
+                sender.flush().unwrap();
+            }
+            for (k, sender) in senders.iter_mut().enumerate() {
+                let mut ok = 0;
+                receive_until(ga, sender, &format!("completions of sender {k}"), |m| {
+                    match m {
+                        Message::Completion(c) => {
+                            assert_eq!(c.status, CompletionStatus::Ok, "{c:?}");
+                            ok += 1;
+                        }
+                        other => panic!("{other:?}"),
+                    }
+                    ok == 2 * K
+                });
+            }
+        });
+        for (i, r) in receivers.iter_mut().enumerate() {
+            receive_numbered(&gb, r, from[i / 2], K);
+        }
+    });
+    // Worker 0 of host B took every frame of endpoints 2 and 4, worker 1 those of 1 and 3, and
+    // no frame reached a worker that does not serve its channel.
+    let w = uplink_until(&hosts.hosts[1], |w| {
+        w.iter().map(|w| w.get("frames_accepted")).sum::<u64>() >= 4 * K
+    });
+    for v in &w {
+        assert_eq!(v.get("rx_off_worker"), 0, "{v:?}");
+        assert_eq!(v.get("frames_accepted"), 2 * K, "{v:?}");
+    }
+    // And the acks came back to the worker holding each sender's session (else its messages
+    // would never complete): host A's workers each completed their sender's messages.
+    let wa = uplink_until(&hosts.hosts[0], |w| {
+        w.iter().all(|w| w.get("completed_ok") >= 2 * K)
+    });
+    for v in &wa {
+        assert_eq!(v.get("completed_ok"), 2 * K, "{v:?}");
+        assert_eq!(v.get("rx_off_worker"), 0, "{v:?}");
+    }
+}
