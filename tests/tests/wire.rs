@@ -544,3 +544,98 @@ fn every_frame_of_an_endpoint_is_handled_by_the_worker_serving_its_channel() {
         assert_eq!(v.get("rx_off_worker"), 0, "{v:?}");
     }
 }
+
+/// `fi_pingpong` in host `h`'s namespace, attached to its guest 0 through the provider.
+fn pingpong_in(
+    h: &svnic_tests::wire_fixture::WireHost,
+    args: &[&str],
+    log: &std::path::Path,
+) -> std::process::Child {
+    use std::process::{Command, Stdio};
+    use svnic_tests::libfabric::provider_dir;
+    let out = std::fs::File::create(log).unwrap();
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", h.ns().name(), "fi_pingpong"])
+        .args(args)
+        .env("FI_PROVIDER_PATH", provider_dir())
+        .env("FI_PROVIDER", "svnic")
+        .env("FI_SVNIC_LOG", "warn")
+        .env("FI_SVNIC_SOCKET", h.socket(0))
+        .env_remove("FI_SVNIC_ENDPOINT")
+        .stdin(Stdio::null())
+        .stderr(out.try_clone().unwrap())
+        .stdout(out);
+    svnic_tests::daemon_proc::kill_with_parent(&mut c);
+    c.spawn().unwrap()
+}
+
+/// True once a TCP socket listens on `port` in `h`'s namespace.
+fn listening_in(h: &svnic_tests::wire_fixture::WireHost, port: u16) -> bool {
+    std::process::Command::new("ip")
+        .args(["netns", "exec", h.ns().name(), "ss", "-Hltn"])
+        .arg(format!("sport = :{port}"))
+        .output()
+        .is_ok_and(|o| !o.stdout.is_empty())
+}
+
+#[test]
+fn fi_pingpong_runs_between_hosts_over_the_provider() {
+    let Some(hosts) = two_hosts("wire-fi", &WireOptions::default()) else {
+        return;
+    };
+    // fi_pingpong's out-of-band socket: TCP over the same cable.
+    for (i, h) in hosts.hosts.iter().enumerate() {
+        h.ns()
+            .ip(&[
+                "addr",
+                "add",
+                &format!("10.199.0.{}/24", i + 1),
+                "dev",
+                "sv0",
+            ])
+            .unwrap();
+    }
+    let dir = svnic_tests::daemon_proc::ScratchDir::new("wire-fi").unwrap();
+    let port = svnic_tests::libfabric::free_port().to_string();
+    let common = ["-p", "svnic", "-e", "dgram", "-S", "all", "-c", "-I", "10"];
+    let (server_log, client_log) = (dir.path().join("server.log"), dir.path().join("client.log"));
+    let mut server = svnic_tests::daemon_proc::KillOnDrop(pingpong_in(
+        &hosts.hosts[0],
+        &[&common[..], &["-B", &port]].concat(),
+        &server_log,
+    ));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !listening_in(&hosts.hosts[0], port.parse().unwrap()) {
+        assert!(Instant::now() < deadline, "the server never listened");
+        assert!(server.0.try_wait().unwrap().is_none(), "the server exited");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut client = svnic_tests::daemon_proc::KillOnDrop(pingpong_in(
+        &hosts.hosts[1],
+        &[&common[..], &["-P", &port, "10.199.0.1"]].concat(),
+        &client_log,
+    ));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let statuses = [
+        client.wait_until(deadline).unwrap(),
+        server.wait_until(deadline).unwrap(),
+    ];
+    for ((who, log), status) in [("client", &client_log), ("server", &server_log)]
+        .into_iter()
+        .zip(statuses)
+    {
+        let out = std::fs::read_to_string(log).unwrap();
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "{who}: {status:?}\n{out}"
+        );
+        assert_eq!(
+            svnic_tests::libfabric::acked_sizes(who, &out, 10),
+            svnic_tests::libfabric::all_sizes(64 << 10),
+            "{who}:\n{out}"
+        );
+    }
+    // It went over the wire, through the engines' sessions.
+    let w = &uplink_until(&hosts.hosts[0], |w| w[0].get("completed_ok") > 0)[0];
+    assert!(w.get("rx_data") > 0 && w.get("completed_ok") > 0, "{w:?}");
+}
