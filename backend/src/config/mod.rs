@@ -438,6 +438,8 @@ struct FileEngine {
     byte_budget_kib: Option<u64>,
     backpressure_wait_ms: Option<u64>,
     max_sleep_ms: Option<u64>,
+    spin_passes: Option<u32>,
+    idle_passes: Option<u32>,
     placement: Option<Placement>,
     pin_workers: Option<bool>,
 }
@@ -472,6 +474,10 @@ pub struct EngineOverrides {
     pub pin_workers: bool,
     /// Placement policy.
     pub placement: Option<Placement>,
+    /// Idle passes a worker spins before it yields.
+    pub spin_passes: Option<u32>,
+    /// Idle passes (spinning, then yielding) before a worker sleeps.
+    pub idle_passes: Option<u32>,
 }
 
 impl DaemonConfig {
@@ -557,6 +563,12 @@ impl DaemonConfig {
         }
         if let Some(ms) = fe.max_sleep_ms {
             engine.max_sleep = Duration::from_millis(ms);
+        }
+        if let Some(n) = overrides.spin_passes.or(fe.spin_passes) {
+            engine.spin_passes = n;
+        }
+        if let Some(n) = overrides.idle_passes.or(fe.idle_passes) {
+            engine.idle_passes = n;
         }
         if let Some(p) = overrides.placement.or(fe.placement) {
             engine.placement = p;

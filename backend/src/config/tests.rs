@@ -777,3 +777,28 @@ fn bad_uplink_settings_are_named_with_their_value() {
         }
     }
 }
+
+#[test]
+fn spin_and_idle_passes_come_from_the_file_or_the_command_line_and_are_checked() {
+    let c = load_file("[engine]\nspin_passes = 0\nidle_passes = 100\n").unwrap();
+    assert_eq!((c.engine.spin_passes, c.engine.idle_passes), (0, 100));
+    let specs = vec!["name=a,socket=/tmp/a.sock,mac=52:54:00:00:00:01".to_string()];
+    let cli = EngineOverrides {
+        spin_passes: Some(5),
+        idle_passes: Some(7),
+        ..Default::default()
+    };
+    let c = DaemonConfig::load(None, &specs, &cli, None).unwrap();
+    assert_eq!((c.engine.spin_passes, c.engine.idle_passes), (5, 7));
+    let cli = EngineOverrides {
+        spin_passes: Some(10),
+        idle_passes: Some(7),
+        ..Default::default()
+    };
+    match DaemonConfig::load(None, &specs, &cli, None) {
+        Err(ConfigError::Field { field, value, .. }) => {
+            assert_eq!((field.as_str(), value.as_str()), ("spin_passes", "10"))
+        }
+        other => panic!("{other:?}"),
+    }
+}

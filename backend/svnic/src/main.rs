@@ -95,6 +95,13 @@ enum Command {
         /// Pin worker i to CPU i (and tell clients which CPU serves them).
         #[arg(long)]
         pin_workers: bool,
+        /// Idle passes a worker spins before it yields the CPU [default: 2000]; 0 when it
+        /// shares its CPU with the guests it serves.
+        #[arg(long, value_name = "N")]
+        spin_passes: Option<u32>,
+        /// Idle passes (spinning, then yielding) before a worker sleeps [default: 4000].
+        #[arg(long, value_name = "N")]
+        idle_passes: Option<u32>,
         /// The operator socket for `svnic ctl` [default: /run/svnic/admin.sock; /run/svnic is
         /// created 0700 if missing].
         #[arg(long, value_name = "PATH")]
@@ -199,6 +206,8 @@ fn main() -> ExitCode {
             backpressure_wait_ms,
             placement,
             pin_workers,
+            spin_passes,
+            idle_passes,
             admin_socket,
             admin_socket_mode,
             admin_allow_uids,
@@ -216,6 +225,8 @@ fn main() -> ExitCode {
                 backpressure_wait_ms,
                 pin_workers,
                 placement: placement.map(Placement::from),
+                spin_passes,
+                idle_passes,
             };
             let loaded = DaemonConfig::load_with_pools(
                 config.as_deref(),
