@@ -143,8 +143,8 @@ measure() {
 pingpong() {
     local prov=$1 ep=$2 size=$3 col=$4 port=$((47000 + RANDOM % 1000)) env_a=() env_b=()
     if [ "$prov" = svnic ]; then
-        env_a=(FI_PROVIDER_PATH="$provider" FI_SVNIC_SOCKET="$sock_a" FI_SVNIC_LOG=warn)
-        env_b=(FI_PROVIDER_PATH="$provider" FI_SVNIC_SOCKET="$sock_b" FI_SVNIC_LOG=warn)
+        env_a=(FI_PROVIDER_PATH="$provider" FI_SVNIC_SOCKET="$sock_a" FI_SVNIC_LOG=warn FI_SVNIC_YIELD_AFTER=1)
+        env_b=(FI_PROVIDER_PATH="$provider" FI_SVNIC_SOCKET="$sock_b" FI_SVNIC_LOG=warn FI_SVNIC_YIELD_AFTER=1)
     fi
     ip netns exec "$nsa" env "${env_a[@]}" taskset -c 1 fi_pingpong -p "$prov" -e "$ep" -S "$size" -I 2000 -B $port >/dev/null 2>&1 &
     local spid=$!
