@@ -230,13 +230,3 @@ pub fn acked_sizes(who: &str, out: &str, iterations: u64) -> Vec<u64> {
     }
     table.iter().map(|l| l.bytes).collect()
 }
-
-/// Sends signal `sig` (a name such as `STOP`, `CONT`) to `child` through kill(1).
-pub fn signal(child: &KillOnDrop, sig: &str) {
-    let status = Command::new("kill")
-        .arg(format!("-{sig}"))
-        .arg(child.0.id().to_string())
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill -{sig} {}: {status}", child.0.id());
-}

@@ -15,7 +15,7 @@ use svnic_backend::config::EngineOverrides;
 use svnic_channels::MacAddr;
 use svnic_control_plane::lifecycle::ChannelState;
 use svnic_fi::addr::{self, ADDR_LEN};
-use svnic_fi::errors::{PROV_CANCELED, PROV_TRUNCATED};
+use svnic_fi::errors::{PROV_CANCELED, PROV_NO_MESSAGE, PROV_TRUNCATED};
 use svnic_fi::ffi::domain::{FiAvAttr, FidAv, FidDomain};
 use svnic_fi::ffi::endpoint::tagged::FiMsgTagged;
 use svnic_fi::ffi::endpoint::{FiMsg, FidEp};
@@ -1343,11 +1343,10 @@ fn rdm_endpoints_match_tags_and_sources_keep_unexpected_messages_and_report_dead
         EAGAIN,
         "no completion of fi_tinject nor of a selective fi_tsendmsg without FI_COMPLETION"
     );
-    msg.context = null_mut();
     assert_eq!(
-        call!(r(b).tagged, recvmsg(b, &msg, op_flags::FI_PEEK)),
+        call!(r(b).tagged, recvmsg(b, &msg, 1 << 16)),
         -(FI_EBADFLAGS as isize),
-        "FI_PEEK is not offered"
+        "FI_MULTI_RECV is not offered"
     );
 
     // Directed receives: b takes c's message first although a's arrived before it.
@@ -1371,6 +1370,69 @@ fn rdm_endpoints_match_tags_and_sources_keep_unexpected_messages_and_report_dead
         assert_eq!(&buf[..want.len()], &want[..]);
     }
     assert_eq!(trecv(b, &mut buf, 77, 0, 0, 0), EINVAL, "unknown source");
+
+    // FI_PEEK: nothing with tag 90 yet (FI_ENOMSG); then a message is found and stays queued,
+    // is claimed (FI_PEEK|FI_CLAIM) so that a receive of its tag does not get it, and is
+    // received by the claim (FI_CLAIM, the same context); FI_PEEK|FI_DISCARD drops one.
+    let tmsg = |tag: u64, flags: u64, cx: usize, buf: &mut [u8]| {
+        let iov = [libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        }];
+        let m = FiMsgTagged {
+            msg_iov: iov.as_ptr(),
+            desc: null_mut(),
+            iov_count: 1,
+            addr: FI_ADDR_UNSPEC,
+            tag,
+            ignore: 0,
+            context: ctx(cx),
+            data: 0,
+        };
+        call!(r(b).tagged, recvmsg(b, &m, flags))
+    };
+    let (peek, claim, discard) = (op_flags::FI_PEEK, op_flags::FI_CLAIM, op_flags::FI_DISCARD);
+    assert_eq!(tmsg(90, peek, 900, &mut []), 0);
+    let err = read_err(cq_b);
+    assert_eq!(
+        (err.op_context as usize, err.err, err.prov_errno),
+        (900, FI_ENOMSG, PROV_NO_MESSAGE)
+    );
+    let claimed = pattern(2000, 12);
+    assert_eq!(tsend(a, &claimed, to_b, 90, 90), 0);
+    send_done(90);
+    assert_eq!(tsend(a, &pattern(5, 13), to_b, 91, 91), 0);
+    send_done(91);
+    std::thread::sleep(Duration::from_millis(50));
+    for (flags, cx) in [(peek, 901), (peek | claim, 902)] {
+        assert_eq!(tmsg(90, flags, cx, &mut []), 0);
+        let e = read_tagged(cq_b, 1).unwrap()[0];
+        let d = e.data_entry;
+        assert_eq!((d.op_context as usize, d.len, e.tag), (cx, 2000, 90));
+    }
+    let mut other = [0u8; 8];
+    assert_eq!(trecv(b, &mut other, FI_ADDR_UNSPEC, 90, 0, 903), 0);
+    buf.fill(0);
+    assert_eq!(tmsg(90, claim, 902, &mut buf), 0);
+    let e = read_tagged(cq_b, 1).unwrap()[0];
+    let d = e.data_entry;
+    assert_eq!((d.op_context as usize, d.len, e.tag), (902, 2000, 90));
+    assert_eq!(&buf[..2000], &claimed[..]);
+    assert_eq!(tmsg(90, claim, 902, &mut buf), EINVAL, "claimed once");
+    assert_eq!(tmsg(91, peek | discard, 904, &mut []), 0);
+    let e = read_tagged(cq_b, 1).unwrap()[0];
+    assert_eq!(
+        (e.data_entry.op_context as usize, e.data_entry.len, e.tag),
+        (904, 5, 91)
+    );
+    assert_eq!(tmsg(91, peek, 905, &mut []), 0);
+    assert_eq!(read_err(cq_b).err, FI_ENOMSG, "discarded");
+    assert_eq!(
+        call!(r(b).ops, cancel(b.cast(), ctx(903))),
+        0,
+        "not given the claimed message"
+    );
+    assert_eq!(read_err(cq_b).err, FI_ECANCELED);
 
     // More unexpected DMA-data messages than bounce buffers, while b progresses (reads its
     // CQ): copied out of the bounce buffers, none refused, and taken in order.

@@ -45,7 +45,9 @@ use crate::attach::{DomainInner, CONTROL_TIMEOUT};
 use crate::av::{AvInner, SvnicAv};
 use crate::cq::{CqEntry, CqInner, ErrInfo, SvnicCq};
 use crate::eq::SvnicEq;
-use crate::errors::{self, Delivery, PROV_CANCELED, PROV_CHANNEL_FAILED, PROV_TRUNCATED};
+use crate::errors::{
+    self, Delivery, PROV_CANCELED, PROV_CHANNEL_FAILED, PROV_NO_MESSAGE, PROV_TRUNCATED,
+};
 use crate::ffi::endpoint::atomic::FiOpsAtomic;
 use crate::ffi::endpoint::cm::FiOpsCm;
 use crate::ffi::endpoint::collective::FiOpsCollective;
@@ -84,6 +86,8 @@ const SEND_FLAGS: u64 = op_flags::FI_COMPLETION
 /// Flags `fi_recvmsg` accepts.
 const RECV_FLAGS: u64 =
     op_flags::FI_COMPLETION | op_flags::FI_MORE | op_flags::FI_MSG | op_flags::FI_RECV;
+/// The flags of `fi_trecvmsg` that peek at and claim unexpected messages.
+const PEEK_FLAGS: u64 = op_flags::FI_PEEK | op_flags::FI_CLAIM | op_flags::FI_DISCARD;
 /// Flags an RDM endpoint's `fi_sendmsg`/`fi_tsendmsg` accept beyond [`SEND_FLAGS`].
 const RDM_SEND_FLAGS: u64 = op_flags::FI_TAGGED | op_flags::FI_REMOTE_CQ_DATA;
 /// Messages in an RDM endpoint's unexpected queue beyond which it stops polling its RX ring.
@@ -193,6 +197,8 @@ struct EpState {
     slot_len: usize,
     /// Payload bytes of the unexpected queue's [`Body::Heap`] messages.
     unexpected_bytes: usize,
+    /// Messages claimed by `FI_PEEK|FI_CLAIM`, by the context of the claim.
+    claimed: HashMap<usize, Arrived>,
     bounces: Vec<u64>,
     staging_free: Vec<u64>,
     recvs: VecDeque<PostedRecv>,
@@ -373,6 +379,7 @@ pub(crate) fn open(
         directed,
         slot_len,
         unexpected_bytes: 0,
+        claimed: HashMap::new(),
         bounces: (0..rx).map(at).collect(),
         staging_free: (rx..rx + tx).map(at).collect(),
         recvs: VecDeque::new(),
@@ -573,6 +580,9 @@ impl EpInner {
                 op_flags::FI_MSG
             },
         };
+        if op.flags & PEEK_FLAGS != 0 {
+            return s.peek_or_claim(r, op.flags);
+        }
         if s.recvs.is_empty() {
             // The wait the peer timeout measures starts now.
             s.last_rx = Instant::now();
@@ -582,14 +592,9 @@ impl EpInner {
             .unexpected
             .iter()
             .position(|a| r.want.matches(&a.hdr, a.src))
-            .and_then(|i| s.unexpected.remove(i))
+            .and_then(|i| s.take_unexpected(i))
         {
-            Some(a) => {
-                if let Body::Heap(v) = &a.body {
-                    s.unexpected_bytes -= v.len();
-                }
-                s.deliver(r, a);
-            }
+            Some(a) => s.deliver(r, a),
             None => s.recvs.push_back(r),
         }
         s.progress();
@@ -628,6 +633,8 @@ impl EpInner {
 /// A receive as posted, less its buffers.
 struct RecvOp {
     ctx: usize,
+    /// `FI_PEEK`, `FI_CLAIM`, `FI_DISCARD` of an `fi_trecvmsg`.
+    flags: u64,
     /// `Some(flag)`: `FI_COMPLETION` of a `*msg` call's flags; `None`: the endpoint's default.
     report: Option<bool>,
     src: u64,
@@ -769,21 +776,12 @@ impl EpState {
 
     /// Completes a posted receive (already taken off the queue) with an error entry.
     fn fail_recv(&self, r: &PostedRecv, err: c_int, prov_errno: c_int) {
-        if let Some(cq) = &self.rx_cq {
-            cq.push(CqEntry {
-                ctx: r.ctx,
-                flags: op_flags::FI_RECV | r.op,
-                len: 0,
-                buf: 0,
-                data: 0,
-                tag: 0,
-                err: Some(ErrInfo {
-                    err,
-                    prov_errno,
-                    olen: 0,
-                }),
-            });
-        }
+        let err = ErrInfo {
+            err,
+            prov_errno,
+            olen: 0,
+        };
+        self.complete_recv(r, 0, 0, Header::default(), Some(err));
     }
 
     fn flush(&mut self) {
@@ -974,6 +972,99 @@ impl EpState {
         }
     }
 
+    /// Unexpected message `i`, out of the queue.
+    fn take_unexpected(&mut self, i: usize) -> Option<Arrived> {
+        let a = self.unexpected.remove(i)?;
+        if let Body::Heap(v) = &a.body {
+            self.unexpected_bytes -= v.len();
+        }
+        Some(a)
+    }
+
+    /// Drops a message taken out of the unexpected queue (its bounce buffer is posted again).
+    fn release(&mut self, a: Arrived) {
+        if let Body::Bounce { idx, .. } = a.body {
+            self.repost(idx);
+        }
+    }
+
+    /// `fi_trecvmsg` with `FI_PEEK` (and `FI_CLAIM` or `FI_DISCARD`), or with `FI_CLAIM` alone
+    /// (and `FI_DISCARD`).
+    /// A peek looks for the oldest matching unexpected message: none is an `FI_ENOMSG` error
+    /// entry; one is an entry with its length, tag and data, and the message stays queued,
+    /// or is set aside for the claim's context (`FI_CLAIM`), or dropped (`FI_DISCARD`). A claim
+    /// receives (or with `FI_DISCARD` drops) the message set aside for its context.
+    fn peek_or_claim(&mut self, r: PostedRecv, flags: u64) -> isize {
+        // What a peek found (or that it found nothing) is always reported.
+        let r = PostedRecv { report: true, ..r };
+        let (claim, discard) = (
+            flags & op_flags::FI_CLAIM != 0,
+            flags & op_flags::FI_DISCARD != 0,
+        );
+        if flags & op_flags::FI_PEEK == 0 {
+            let Some(a) = self.claimed.remove(&r.ctx) else {
+                return EINVAL;
+            };
+            if discard {
+                let hdr = a.hdr;
+                self.release(a);
+                self.complete_recv(&r, 0, 0, hdr, None);
+            } else {
+                self.deliver(r, a);
+            }
+            return 0;
+        }
+        self.progress();
+        let Some(i) = self
+            .unexpected
+            .iter()
+            .position(|a| r.want.matches(&a.hdr, a.src))
+        else {
+            self.fail_recv(&r, FI_ENOMSG, PROV_NO_MESSAGE);
+            return 0;
+        };
+        let (len, hdr) = (self.unexpected[i].body.len(), self.unexpected[i].hdr);
+        if claim || discard {
+            if let Some(a) = self.take_unexpected(i) {
+                if claim {
+                    if let Some(old) = self.claimed.insert(r.ctx, a) {
+                        self.release(old);
+                    }
+                } else {
+                    self.release(a);
+                }
+            }
+        }
+        self.complete_recv(&r, len, 0, hdr, None);
+        0
+    }
+
+    /// Writes the completion of receive `r`: `len` bytes at `buf`, the message's header `hdr`.
+    fn complete_recv(
+        &self,
+        r: &PostedRecv,
+        len: usize,
+        buf: usize,
+        hdr: Header,
+        err: Option<ErrInfo>,
+    ) {
+        if !r.report && err.is_none() {
+            return;
+        }
+        let data_flag = hdr.data.map_or(0, |_| op_flags::FI_REMOTE_CQ_DATA);
+        if let Some(cq) = &self.rx_cq {
+            cq.push(CqEntry {
+                ctx: r.ctx,
+                flags: op_flags::FI_RECV | r.op | data_flag,
+                len,
+                buf,
+                data: hdr.data.unwrap_or(0),
+                tag: hdr.tag.unwrap_or(0),
+                err,
+            });
+        }
+    }
+
     /// Copies an arrived message into a posted receive and writes its completion.
     fn deliver(&mut self, r: PostedRecv, a: Arrived) {
         let cap = r.capacity();
@@ -995,20 +1086,7 @@ impl EpState {
             prov_errno: PROV_TRUNCATED,
             olen: len - cap,
         });
-        if r.report || err.is_some() {
-            let data_flag = a.hdr.data.map_or(0, |_| op_flags::FI_REMOTE_CQ_DATA);
-            if let Some(cq) = &self.rx_cq {
-                cq.push(CqEntry {
-                    ctx: r.ctx,
-                    flags: op_flags::FI_RECV | r.op | data_flag,
-                    len: copied,
-                    buf: first,
-                    data: a.hdr.data.unwrap_or(0),
-                    tag: a.hdr.tag.unwrap_or(0),
-                    err,
-                });
-            }
-        }
+        self.complete_recv(&r, copied, first, a.hdr, err);
     }
 
     /// Sends `data` (the RDM header and the payload) as `op` says.
@@ -1512,6 +1590,7 @@ fn send_flags(e: *mut FidEp) -> u64 {
 fn recv_op(ctx: *mut c_void, src: u64, tag: Option<(u64, u64)>) -> RecvOp {
     RecvOp {
         ctx: ctx as usize,
+        flags: 0,
         report: None,
         src,
         tag,
@@ -1745,13 +1824,14 @@ unsafe extern "C" fn ep_trecvv(
 }
 
 unsafe extern "C" fn ep_trecvmsg(e: *mut FidEp, msg: *const FiMsgTagged, flags: u64) -> isize {
-    let allowed = RECV_FLAGS | op_flags::FI_TAGGED;
+    let allowed = RECV_FLAGS | op_flags::FI_TAGGED | PEEK_FLAGS;
     guard("fi_trecvmsg", || match unpack_tagged(msg, flags, allowed) {
         Ok(p) => do_recv(
             e,
             p.segs,
             RecvOp {
                 report: p.report,
+                flags: flags & PEEK_FLAGS,
                 ..recv_op(p.context, p.addr, Some((p.tag, p.ignore)))
             },
         ),

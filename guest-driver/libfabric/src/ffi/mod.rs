@@ -124,6 +124,11 @@ pub mod op_flags {
     pub const FI_REMOTE_CQ_DATA: u64 = 1 << 17;
     pub const FI_MORE: u64 = 1 << 18;
     pub const FI_PEEK: u64 = 1 << 19;
+    /// With `FI_PEEK`: take the message found out of matching for a later `FI_CLAIM` receive; on a
+    /// receive: the message claimed with the same context (the same bit as `FI_SELECTIVE_COMPLETION`).
+    pub const FI_CLAIM: u64 = 1 << 59;
+    /// With `FI_PEEK` or `FI_CLAIM`: drop the message instead of receiving it.
+    pub const FI_DISCARD: u64 = 1 << 58;
     pub const FI_COMPLETION: u64 = 1 << 24;
     pub const FI_INJECT: u64 = 1 << 25;
     pub const FI_INJECT_COMPLETE: u64 = 1 << 26;
