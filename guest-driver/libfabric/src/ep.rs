@@ -799,19 +799,8 @@ impl EpState {
                 let d = u.data();
                 let mut data = [0u8; INLINE_CAPACITY];
                 data[..d.len()].copy_from_slice(d);
-                let (hdr, start) = if self.rdm {
-                    match Header::decode(d) {
-                        Some(h) => h,
-                        None => {
-                            log::warn!(
-                                "svnic provider: message without RDM header from {} ignored",
-                                u.peer
-                            );
-                            return;
-                        }
-                    }
-                } else {
-                    (Header::default(), 0)
+                let Some((hdr, start)) = self.header(u.peer, |_| Header::decode(d)) else {
+                    return;
                 };
                 let body = Body::Inline {
                     data,
@@ -835,20 +824,9 @@ impl EpState {
                     log::warn!("svnic provider: DMA-data into an unknown buffer ignored: {d:?}");
                     return;
                 }
-                let (hdr, start) = if self.rdm {
-                    match self.bounce_header(idx, len) {
-                        Some(h) => h,
-                        None => {
-                            log::warn!(
-                                "svnic provider: message without RDM header from {} ignored",
-                                d.peer
-                            );
-                            self.repost(idx);
-                            return;
-                        }
-                    }
-                } else {
-                    (Header::default(), 0)
+                let Some((hdr, start)) = self.header(d.peer, |s| s.bounce_header(idx, len)) else {
+                    self.repost(idx);
+                    return;
                 };
                 let body = Body::Bounce {
                     idx,
@@ -871,6 +849,23 @@ impl EpState {
             Message::Completion(c) => self.send_done(c),
             Message::PostBuffer(_) => {}
         }
+    }
+
+    /// The header of a message from `peer` and its length: none on a DGRAM endpoint, what `read`
+    /// finds on an RDM one (`None`, logged, if the message has none).
+    fn header(
+        &mut self,
+        peer: ChannelAddr,
+        read: impl FnOnce(&mut Self) -> Option<(Header, usize)>,
+    ) -> Option<(Header, usize)> {
+        if !self.rdm {
+            return Some((Header::default(), 0));
+        }
+        let found = read(self);
+        if found.is_none() {
+            log::warn!("svnic provider: message without RDM header from {peer} ignored");
+        }
+        found
     }
 
     /// The RDM header at the front of the `len` bytes in bounce buffer `idx`.

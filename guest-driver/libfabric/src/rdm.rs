@@ -3,8 +3,8 @@
 //! An RDM endpoint is the DGRAM data path (svnic channels deliver reliably, in order per
 //! sender, or fail the send with the reason) plus a header in front of every payload, inside
 //! the 40 inline bytes of a user-data message or at the front of the DMA-data bytes:
-//! one flags byte, then the tag (8 bytes, little-endian) if [`TAGGED`], then the remote CQ data
-//! (8 bytes) if [`HAS_DATA`]. A receive matches a message when both are tagged or both are not,
+//! one flags byte, then the tag (8 bytes, little-endian) if its bit 0 is set, then the remote CQ
+//! data (8 bytes) if its bit 1 is set. A receive matches a message when both are tagged or both are not,
 //! the tags agree outside the receive's ignore bits, and the receive's source (if directed) is
 //! the sender.
 
