@@ -146,7 +146,7 @@ fn getinfo_answers_hints_and_refuses_what_svnic_lacks() {
             | caps::FI_REMOTE_COMM
     );
     assert_eq!(rdm.mode, 0);
-    assert_eq!(r(rdm.ep_attr).max_msg_size, 65536);
+    assert_eq!(r(rdm.ep_attr).max_msg_size, 8 * 65536, "in parts of 64 KiB");
     assert_eq!(r(rdm.ep_attr).mem_tag_format, FI_TAG_GENERIC);
     assert_eq!(r(rdm.tx_attr).inject_size, 40 - 17, "the header's room");
     assert_eq!(r(rdm.tx_attr).msg_order, FI_ORDER_SAS);
@@ -1205,7 +1205,7 @@ fn rdm_endpoints_match_tags_and_sources_keep_unexpected_messages_and_report_dead
     assert_eq!(tsend(a, &big, to_b, 99, 9), 0);
     send_done(9);
     assert_eq!(
-        tsend(a, &pattern(65537, 6), to_b, 1, 0),
+        tsend(a, &pattern(8 * 65536 + 1, 6), to_b, 1, 0),
         -(FI_EMSGSIZE as isize)
     );
     let untagged = pattern(7, 7);
@@ -1434,26 +1434,28 @@ fn rdm_endpoints_match_tags_and_sources_keep_unexpected_messages_and_report_dead
     );
     assert_eq!(read_err(cq_b).err, FI_ECANCELED);
 
+    // Waits for a's send `cx` while b progresses (reads its CQ, finding nothing there).
+    let send_done_b_polling = |cx: usize| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let mut e: FiCqTaggedEntry = zeroed();
+            let at = (&mut e as *mut FiCqTaggedEntry).cast();
+            assert_eq!(call!(r(cq_b).ops, read(cq_b, at, 1)), EAGAIN);
+            let rc = call!(r(cq_a).ops, read(cq_a, at, 1));
+            if rc == 1 {
+                assert_eq!(e.data_entry.op_context as usize, cx);
+                return;
+            }
+            assert_eq!(rc, EAGAIN, "send {cx}");
+            assert!(Instant::now() < deadline, "send {cx} never completed");
+        }
+    };
     // More unexpected DMA-data messages than bounce buffers, while b progresses (reads its
     // CQ): copied out of the bounce buffers, none refused, and taken in order.
     let many: Vec<Vec<u8>> = (0..40).map(|k| pattern(4096, k as u8)).collect();
     for (k, p) in many.iter().enumerate() {
         assert_eq!(tsend(a, p, to_b, 1000, 1000 + k), 0);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            assert_eq!(call!(r(cq_b).ops, read(cq_b, none_ptr, 1)), EAGAIN);
-            let mut e: FiCqTaggedEntry = zeroed();
-            let rc = call!(
-                r(cq_a).ops,
-                read(cq_a, (&mut e as *mut FiCqTaggedEntry).cast(), 1)
-            );
-            if rc == 1 {
-                assert_eq!(e.data_entry.op_context as usize, 1000 + k);
-                break;
-            }
-            assert_eq!(rc, EAGAIN, "send {k}");
-            assert!(Instant::now() < deadline, "send {k} never completed");
-        }
+        send_done_b_polling(1000 + k);
     }
     for (k, p) in many.iter().enumerate() {
         buf.fill(0);
@@ -1465,6 +1467,67 @@ fn rdm_endpoints_match_tags_and_sources_keep_unexpected_messages_and_report_dead
         );
         assert_eq!(&buf[..4096], &p[..], "message {k}");
     }
+
+    // Messages longer than a bounce buffer travel in parts: into a posted receive of two
+    // segments, as an unexpected message, the largest, and truncated (one completion each).
+    let (mut seg1, mut seg2) = (vec![0u8; 100_000], vec![0u8; 8 * 65536]);
+    let iov = [
+        libc::iovec {
+            iov_base: seg1.as_mut_ptr().cast(),
+            iov_len: seg1.len(),
+        },
+        libc::iovec {
+            iov_base: seg2.as_mut_ptr().cast(),
+            iov_len: seg2.len(),
+        },
+    ];
+    let long = pattern(300_000, 21);
+    assert_eq!(
+        call!(
+            r(b).tagged,
+            recvv(
+                b,
+                iov.as_ptr(),
+                null_mut(),
+                2,
+                FI_ADDR_UNSPEC,
+                70,
+                0,
+                ctx(1100)
+            )
+        ),
+        0
+    );
+    assert_eq!(tsend(a, &long, to_b, 70, 1101), 0);
+    send_done(1101);
+    let e = read_tagged(cq_b, 1).unwrap()[0];
+    assert_eq!(
+        (e.data_entry.op_context as usize, e.data_entry.len, e.tag),
+        (1100, 300_000, 70)
+    );
+    assert_eq!(&seg1[..], &long[..100_000]);
+    assert_eq!(&seg2[..200_000], &long[100_000..]);
+    let largest = pattern(8 * 65536, 22);
+    assert_eq!(tsend(a, &largest, to_b, 71, 1102), 0);
+    // No receive is posted: b assembles the parts as an unexpected message.
+    send_done_b_polling(1102);
+    seg2.fill(0);
+    assert_eq!(trecv(b, &mut seg2, FI_ADDR_UNSPEC, 71, 0, 1103), 0);
+    let e = read_tagged(cq_b, 1).unwrap()[0];
+    assert_eq!(
+        (e.data_entry.op_context as usize, e.data_entry.len),
+        (1103, 8 * 65536)
+    );
+    assert_eq!(seg2, largest, "unexpected, assembled");
+    assert_eq!(trecv(b, &mut seg1, FI_ADDR_UNSPEC, 72, 0, 1104), 0);
+    assert_eq!(tsend(a, &long, to_b, 72, 1105), 0);
+    send_done(1105);
+    let err = read_err(cq_b);
+    assert_eq!(
+        (err.op_context as usize, err.err, err.len, err.olen, err.tag),
+        (1104, FI_ETRUNC, 100_000, 200_000, 72)
+    );
+    assert_eq!(&seg1[..], &long[..100_000]);
 
     // Truncation keeps the tag; a send to an endpoint nobody owns fails FI_EHOSTUNREACH.
     let mut tiny = [0u8; 4];

@@ -46,7 +46,7 @@ use crate::av::{AvInner, SvnicAv};
 use crate::cq::{CqEntry, CqInner, ErrInfo, SvnicCq};
 use crate::eq::SvnicEq;
 use crate::errors::{
-    self, Delivery, PROV_CANCELED, PROV_CHANNEL_FAILED, PROV_NO_MESSAGE, PROV_TRUNCATED,
+    self, Delivery, PROV_CANCELED, PROV_CHANNEL_FAILED, PROV_NO_MESSAGE, PROV_PARTS, PROV_TRUNCATED,
 };
 use crate::ffi::endpoint::atomic::FiOpsAtomic;
 use crate::ffi::endpoint::cm::FiOpsCm;
@@ -165,9 +165,38 @@ struct PendingSend {
     inject: bool,
     /// `FI_MSG` or `FI_TAGGED`, for its completion.
     op: u64,
+    /// The message in parts this is a part of ([`EpState::groups`]).
+    group: Option<u64>,
     dest: ChannelAddr,
     payload: Payload,
     retries: u32,
+}
+
+/// The parts of a message in parts still in flight, and the first error among those done.
+#[derive(Debug)]
+struct Group {
+    remaining: usize,
+    err: Option<ErrInfo>,
+}
+
+/// A message in parts being received from one sender.
+#[derive(Debug)]
+struct Assembly {
+    /// Its header (tag, data).
+    hdr: Header,
+    total: usize,
+    /// Bytes received so far (the offset the next part must have).
+    got: usize,
+    sink: Sink,
+}
+
+/// Where the parts of a message go.
+#[derive(Debug)]
+enum Sink {
+    /// The posted receive its first part matched, and the bytes copied into it.
+    Posted { r: PostedRecv, copied: usize },
+    /// No receive matched: assembled here, then queued as unexpected.
+    Heap(Vec<u8>),
 }
 
 /// What to do with one engine completion of a send.
@@ -199,6 +228,13 @@ struct EpState {
     unexpected_bytes: usize,
     /// Messages claimed by `FI_PEEK|FI_CLAIM`, by the context of the claim.
     claimed: HashMap<usize, Arrived>,
+    /// Payload bytes of each part of a message in parts (`max_msg_size`).
+    part_len: usize,
+    /// Messages in parts being sent, by group id.
+    groups: HashMap<u64, Group>,
+    next_group: u64,
+    /// Messages in parts being received, by sender.
+    assembling: HashMap<ChannelAddr, Assembly>,
     bounces: Vec<u64>,
     staging_free: Vec<u64>,
     recvs: VecDeque<PostedRecv>,
@@ -380,6 +416,10 @@ pub(crate) fn open(
         slot_len,
         unexpected_bytes: 0,
         claimed: HashMap::new(),
+        part_len: cfg.max_msg_size,
+        groups: HashMap::new(),
+        next_group: 0,
+        assembling: HashMap::new(),
         bounces: (0..rx).map(at).collect(),
         staging_free: (rx..rx + tx).map(at).collect(),
         recvs: VecDeque::new(),
@@ -412,7 +452,12 @@ pub(crate) fn open(
         inner: Arc::new(EpInner {
             domain: d,
             waiter,
-            max_msg: cfg.max_msg_size,
+            // An RDM message may travel in parts, each with a staging slot.
+            max_msg: if rdm {
+                cfg.max_msg_size * rdm::MAX_PARTS.min(tx as usize)
+            } else {
+                cfg.max_msg_size
+            },
             inject_max: if rdm {
                 INJECT_SIZE - rdm::HEADER_MAX
             } else {
@@ -432,18 +477,33 @@ pub(crate) fn open(
 /// # Safety
 /// Every segment must be writable application memory (a posted receive's buffers).
 unsafe fn scatter(segs: &Segments, src: &[u8]) -> usize {
+    // SAFETY: per the contract above.
+    unsafe { scatter_at(segs, 0, src) }
+}
+
+/// Copies `src` into the application's segments from byte `at` of them on; returns the bytes
+/// copied (fewer if the segments end first).
+///
+/// # Safety
+/// As [`scatter`].
+unsafe fn scatter_at(segs: &Segments, mut at: usize, src: &[u8]) -> usize {
     let mut done = 0;
     for &(base, len) in segs {
         if done == src.len() {
             break;
         }
+        if at >= len {
+            at -= len;
+            continue;
+        }
         // A zero-length segment holds nothing; the next one may.
-        let n = len.min(src.len() - done);
+        let n = (len - at).min(src.len() - done);
         if n == 0 {
             continue;
         }
-        // SAFETY: per the contract above; n <= len.
-        unsafe { std::ptr::copy_nonoverlapping(src[done..].as_ptr(), base as *mut u8, n) };
+        // SAFETY: per the contract above; at + n <= len.
+        unsafe { std::ptr::copy_nonoverlapping(src[done..].as_ptr(), (base + at) as *mut u8, n) };
+        at = 0;
         done += n;
     }
     done
@@ -569,16 +629,9 @@ impl EpInner {
         let r = PostedRecv {
             segs,
             ctx: op.ctx,
-            report: op.report.map_or(
-                !selective || s.rx_op_flags & op_flags::FI_COMPLETION != 0,
-                |flag| flag || !selective,
-            ),
+            report: reports(op.report, selective, s.rx_op_flags),
             want: Want { tag: op.tag, src },
-            op: if op.tag.is_some() {
-                op_flags::FI_TAGGED
-            } else {
-                op_flags::FI_MSG
-            },
+            op: op_kind(op.tag),
         };
         if op.flags & PEEK_FLAGS != 0 {
             return s.peek_or_claim(r, op.flags);
@@ -614,7 +667,7 @@ impl EpInner {
         } else if op.hdr != Header::default() {
             return -(FI_EBADFLAGS as isize);
         } else {
-            ([0; rdm::HEADER_MAX], 0)
+            ([0; rdm::PART_HEADER_MAX], 0)
         };
         // Checked before anything is copied or allocated.
         // SAFETY: the segments were built from the application's buffers, readable for the call.
@@ -627,6 +680,22 @@ impl EpInner {
             Ok(()) => 0,
             Err(e) => -(e as isize),
         }
+    }
+}
+
+/// Whether an operation writes a completion: a `*msg` call's `FI_COMPLETION` flag (`report`),
+/// else the endpoint's `op_flags`; everything does unless the CQ was bound with
+/// `FI_SELECTIVE_COMPLETION`.
+fn reports(report: Option<bool>, selective: bool, op_flags: u64) -> bool {
+    !selective || report.unwrap_or(op_flags & op_flags::FI_COMPLETION != 0)
+}
+
+/// `FI_TAGGED` for an operation with a tag, else `FI_MSG` (for its completion's flags).
+fn op_kind<T>(tag: Option<T>) -> u64 {
+    if tag.is_some() {
+        op_flags::FI_TAGGED
+    } else {
+        op_flags::FI_MSG
     }
 }
 
@@ -756,6 +825,11 @@ impl EpState {
         let Some(err) = errors::send_error(c.status) else {
             return;
         };
+        if let Some(m) = self.assembling.remove(&peer) {
+            if let Sink::Posted { r, .. } = m.sink {
+                self.fail_recv(&r, err, c_int::from(c.status.code()));
+            }
+        }
         let directed = self.recvs.iter().any(|r| r.want.src == Some(peer));
         let mut failed = Vec::new();
         self.recvs.retain_mut(|r| {
@@ -807,7 +881,7 @@ impl EpState {
                     start,
                     end: d.len(),
                 };
-                self.arrived(Arrived {
+                self.arrived_or_part(Arrived {
                     src: u.peer,
                     hdr,
                     body,
@@ -833,7 +907,7 @@ impl EpState {
                     start,
                     len: len - start,
                 };
-                self.arrived(Arrived {
+                self.arrived_or_part(Arrived {
                     src: d.peer,
                     hdr,
                     body,
@@ -932,6 +1006,102 @@ impl EpState {
         done
     }
 
+    /// A message's payload out of its buffer (a bounce buffer is posted again).
+    fn take_bytes(&mut self, body: Body) -> Vec<u8> {
+        match body {
+            Body::Inline { data, start, end } => data[start..end].to_vec(),
+            Body::Heap(v) => v,
+            Body::Bounce { idx, start, len } => {
+                let mut v = vec![0u8; len];
+                let segs = vec![(v.as_mut_ptr() as usize, len)];
+                let done = self.copy_out(idx, start, len, &segs);
+                v.truncate(done);
+                self.repost(idx);
+                v
+            }
+        }
+    }
+
+    fn arrived_or_part(&mut self, a: Arrived) {
+        if a.hdr.total.is_none() && a.hdr.offset.is_none() {
+            return self.arrived(a);
+        }
+        let src = a.src;
+        let bytes = self.take_bytes(a.body);
+        match (a.hdr.total, a.hdr.offset) {
+            (Some(total), _) => {
+                if let Some(old) = self.assembling.remove(&src) {
+                    self.abandon(old, src, "a new message began before it ended");
+                }
+                let hdr = Header {
+                    total: None,
+                    ..a.hdr
+                };
+                let sink = match self
+                    .recvs
+                    .iter()
+                    .position(|r| r.want.matches(&hdr, src))
+                    .and_then(|i| self.recvs.remove(i))
+                {
+                    Some(r) => Sink::Posted { r, copied: 0 },
+                    None => Sink::Heap(Vec::with_capacity(bytes.len())),
+                };
+                let m = Assembly {
+                    hdr,
+                    total: total as usize,
+                    got: 0,
+                    sink,
+                };
+                self.add_part(src, m, &bytes);
+            }
+            (None, Some(offset)) => match self.assembling.remove(&src) {
+                Some(m) if m.got as u64 == offset => self.add_part(src, m, &bytes),
+                Some(m) => self.abandon(m, src, "a part out of order (a retried send)"),
+                None => log::warn!("svnic provider: a part of an unknown message from {src}"),
+            },
+            _ => {}
+        }
+    }
+
+    /// Adds the next part's bytes to a message in parts; delivers it when complete.
+    fn add_part(&mut self, src: ChannelAddr, mut m: Assembly, bytes: &[u8]) {
+        match &mut m.sink {
+            // SAFETY: the application owns the posted buffers until their completion.
+            Sink::Posted { r, copied } => *copied += unsafe { scatter_at(&r.segs, m.got, bytes) },
+            Sink::Heap(v) => v.extend_from_slice(bytes),
+        }
+        m.got += bytes.len();
+        if m.got < m.total {
+            self.assembling.insert(src, m);
+            return;
+        }
+        match m.sink {
+            Sink::Posted { r, copied } => {
+                let cap = r.capacity();
+                let err = (m.total > cap).then(|| ErrInfo {
+                    err: FI_ETRUNC,
+                    prov_errno: PROV_TRUNCATED,
+                    olen: m.total - cap,
+                });
+                let first = r.segs.first().map_or(0, |s| s.0);
+                self.complete_recv(&r, copied, first, m.hdr, err);
+            }
+            Sink::Heap(v) => self.arrived(Arrived {
+                src,
+                hdr: m.hdr,
+                body: Body::Heap(v),
+            }),
+        }
+    }
+
+    /// Gives up a message in parts from `src`: its receive, if it has one, fails.
+    fn abandon(&mut self, m: Assembly, src: ChannelAddr, why: &str) {
+        log::warn!("svnic provider: message in parts from {src} abandoned: {why}");
+        if let Sink::Posted { r, .. } = m.sink {
+            self.fail_recv(&r, FI_EIO, PROV_PARTS);
+        }
+    }
+
     fn arrived(&mut self, a: Arrived) {
         if let Some(i) = self
             .recvs
@@ -944,15 +1114,11 @@ impl EpState {
             return;
         }
         match a.body {
-            Body::Bounce { idx, start, len }
+            Body::Bounce { len, .. }
                 if self.rdm && self.unexpected_bytes + len <= UNEXPECTED_BYTES =>
             {
                 // Copied out, so that the bounce buffer takes the next message.
-                let mut v = vec![0u8; len];
-                let segs = vec![(v.as_mut_ptr() as usize, len)];
-                let done = self.copy_out(idx, start, len, &segs);
-                v.truncate(done);
-                self.repost(idx);
+                let v = self.take_bytes(a.body);
                 self.unexpected_bytes += v.len();
                 self.unexpected.push_back(Arrived {
                     body: Body::Heap(v),
@@ -962,6 +1128,10 @@ impl EpState {
             Body::Inline { .. } if !self.rdm && self.unexpected.len() >= RX_SIZE => {
                 self.dropped += 1;
                 log::debug!("svnic provider: inline message dropped (no receive posted)");
+            }
+            Body::Heap(ref v) => {
+                self.unexpected_bytes += v.len();
+                self.unexpected.push_back(a);
             }
             _ => self.unexpected.push_back(a),
         }
@@ -1088,7 +1258,10 @@ impl EpState {
     fn send(&mut self, data: &[u8], op: &SendOp) -> Result<(), c_int> {
         self.ready()?;
         if data.len() > self.slot_len {
-            return Err(FI_EMSGSIZE);
+            return match self.rdm {
+                true => self.send_parts(data, op),
+                false => Err(FI_EMSGSIZE),
+            };
         }
         let av = self.av.as_ref().ok_or(FI_ENOAV)?;
         let peer = av.get(op.dest).ok_or(FI_EINVAL)?;
@@ -1121,19 +1294,13 @@ impl EpState {
         let cookie = self.next_cookie;
         self.next_cookie = (self.next_cookie + 1) & !(BOUNCE_TAG | PROBE_TAG);
         let selective = self.tx_selective;
-        let report = op.report.map_or(
-            !selective || self.tx_op_flags & op_flags::FI_COMPLETION != 0,
-            |flag| flag || !selective,
-        );
+        let report = reports(op.report, selective, self.tx_op_flags);
         let p = PendingSend {
             ctx: op.ctx,
             report,
             inject: op.inject,
-            op: if op.hdr.tag.is_some() {
-                op_flags::FI_TAGGED
-            } else {
-                op_flags::FI_MSG
-            },
+            op: op_kind(op.hdr.tag),
+            group: None,
             dest: peer,
             payload,
             retries: 0,
@@ -1159,6 +1326,92 @@ impl EpState {
                 Err(FI_EIO)
             }
         }
+    }
+
+    /// Sends `data` (the RDM header and a payload longer than a bounce buffer) in parts of
+    /// `part_len` bytes, back to back: only when a staging slot and a TX ring slot are free for
+    /// every part (else `FI_EAGAIN`), and with one completion for the whole message.
+    fn send_parts(&mut self, data: &[u8], op: &SendOp) -> Result<(), c_int> {
+        let (hdr, n) = Header::decode(data).ok_or(FI_EOTHER)?;
+        let payload = &data[n..];
+        let av = self.av.as_ref().ok_or(FI_ENOAV)?;
+        let peer = av.get(op.dest).ok_or(FI_EINVAL)?;
+        if self.tx_cq.is_none() {
+            return Err(FI_ENOCQ);
+        }
+        let count = payload.len().div_ceil(self.part_len);
+        let room = |s: &mut EpState| {
+            let ring = s.channel.as_mut().map_or(0, |ch| ch.tx_free().unwrap_or(0)) as usize;
+            s.staging_free.len() >= count && ring >= count && s.pending.len() + count <= TX_SIZE
+        };
+        if !room(self) {
+            self.progress();
+            if !room(self) {
+                return Err(FI_EAGAIN);
+            }
+        }
+        let group = self.next_group;
+        self.next_group += 1;
+        self.groups.insert(
+            group,
+            Group {
+                remaining: count,
+                err: None,
+            },
+        );
+        let selective = self.tx_selective;
+        let report = reports(op.report, selective, self.tx_op_flags);
+        for (k, chunk) in payload.chunks(self.part_len).enumerate() {
+            let h = match k {
+                0 => Header {
+                    total: Some(payload.len() as u64),
+                    ..hdr
+                },
+                _ => Header {
+                    offset: Some((k * self.part_len) as u64),
+                    ..Header::default()
+                },
+            };
+            let (b, m) = h.encode();
+            let mut part = Vec::with_capacity(m + chunk.len());
+            part.extend_from_slice(&b[..m]);
+            part.extend_from_slice(chunk);
+            let slot = self.staging_free.pop().ok_or(FI_EAGAIN)?;
+            let written = self.channel.as_ref().map(|ch| ch.write_data(slot, &part));
+            if let Some(Err(e)) = written {
+                self.staging_free.push(slot);
+                self.fail(&e);
+                return Err(FI_EIO);
+            }
+            let cookie = self.next_cookie;
+            self.next_cookie = (self.next_cookie + 1) & !(BOUNCE_TAG | PROBE_TAG);
+            let p = PendingSend {
+                ctx: op.ctx,
+                report,
+                inject: false,
+                op: op_kind(hdr.tag),
+                group: Some(group),
+                dest: peer,
+                payload: Payload::Staged(slot, part.len()),
+                retries: 0,
+            };
+            match self.transmit(cookie, &p) {
+                Ok(true) => {}
+                // Checked above; should the ring fill anyway, the part goes with the retries.
+                Ok(false) => self.deferred.push_back(cookie),
+                Err(e) => {
+                    self.pending.insert(cookie, p);
+                    self.fail(&e);
+                    return Err(FI_EIO);
+                }
+            }
+            self.pending.insert(cookie, p);
+        }
+        if self.peers.len() < MAX_PEERS {
+            self.peers.entry(peer).or_insert(None);
+        }
+        self.flush();
+        Ok(())
     }
 
     /// Queues one send (again) in the TX ring; `Ok(false)` when the ring is full.
@@ -1215,6 +1468,20 @@ impl EpState {
     fn finish(&mut self, p: PendingSend, err: Option<ErrInfo>) {
         if let Payload::Staged(slot, _) = p.payload {
             self.staging_free.push(slot);
+        }
+        let mut err = err;
+        if let Some(id) = p.group {
+            // One completion for a message in parts: when its last part is done.
+            let Some(g) = self.groups.get_mut(&id) else {
+                return;
+            };
+            g.remaining -= 1;
+            g.err = g.err.or(err);
+            if g.remaining > 0 {
+                return;
+            }
+            err = g.err;
+            self.groups.remove(&id);
         }
         if p.inject {
             if let Some(e) = err {
@@ -1286,7 +1553,12 @@ impl EpState {
         for p in pending {
             self.finish(p, eio);
         }
-        let recvs: Vec<PostedRecv> = self.recvs.drain(..).collect();
+        let mut recvs: Vec<PostedRecv> = self.recvs.drain(..).collect();
+        for (_, m) in self.assembling.drain() {
+            if let Sink::Posted { r, .. } = m.sink {
+                recvs.push(r);
+            }
+        }
         for r in &recvs {
             self.fail_recv(r, FI_EIO, PROV_CHANNEL_FAILED);
         }
@@ -1598,7 +1870,11 @@ fn send_op(dest: u64, ctx: *mut c_void, tag: Option<u64>, data: Option<u64>) -> 
         ctx: ctx as usize,
         report: None,
         inject: false,
-        hdr: Header { tag, data },
+        hdr: Header {
+            tag,
+            data,
+            ..Header::default()
+        },
     }
 }
 

@@ -203,7 +203,8 @@ impl Defaults {
             ep_type,
             caps: if rdm { RDM_CAPS } else { CAPS },
             protocol: PROTOCOL,
-            max_msg_size: cfg.max_msg_size,
+            // An RDM message may travel in parts of a bounce buffer each.
+            max_msg_size: cfg.max_msg_size * if rdm { crate::rdm::MAX_PARTS } else { 1 },
             av_type: FI_AV_UNSPEC,
             threading: FI_THREAD_SAFE,
             tx_op_flags: 0,
