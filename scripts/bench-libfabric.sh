@@ -16,8 +16,10 @@
 #
 # Endpoint types: fi_pingpong's shm provider offers only rdm, tcp only msg (and rdm through
 # ofi_rxm), udp only dgram with a max_msg_size below 4 KiB. So the rows are: svnic dgram,
-# shm rdm, tcp msg at every size; udp dgram at 64 B; and the RDM pair svnic;ofi_rxd and
-# udp;ofi_rxd at every size (the pair the svnic/udp ratios compare, with udp dgram at 64 B beside).
+# svnic rdm (the native RDM endpoint), shm rdm, tcp msg at every size; udp dgram at 64 B; and
+# the RDM pair svnic;ofi_rxd (FI_SVNIC_RXD=1) and udp;ofi_rxd at every size (the svnic/udp
+# ratios compare native svnic rdm and svnic;ofi_rxd with udp;ofi_rxd, and dgram with dgram).
+# NetPIPE runs over native svnic, svnic;ofi_rxd, vader and udp;ofi_rxd.
 # Every run has a timeout (a lost datagram leaves a dgram pingpong waiting forever); a run that
 # fails or times out is shown as FAIL(status) and never enters a median.
 set -euo pipefail
@@ -116,7 +118,11 @@ pingpong() { # placement provider ep size iterations port
     local placement=$1 prov=$2 ep=$3 size=$4 iters=$5 port=$6 pin1 pin2 env=() rc_s rc_c
     read -ra pin1 <<<"$(pin_of "$placement" first)"
     read -ra pin2 <<<"$(pin_of "$placement" second)"
-    case "$prov" in svnic*) env=(env "FI_SVNIC_SOCKET=$sock") ;; *) env=(env) ;; esac
+    case "$prov" in
+        "svnic;ofi_rxd") env=(env "FI_SVNIC_SOCKET=$sock" FI_SVNIC_RXD=1) ;;
+        svnic) env=(env "FI_SVNIC_SOCKET=$sock") ;;
+        *) env=(env) ;;
+    esac
     local args=(-p "$prov" -e "$ep" -S "$size" -I "$iters")
     "${env[@]}" timeout 60 "${pin1[@]}" fi_pingpong "${args[@]}" -B "$port" >"$work/srv.out" 2>&1 &
     local srv=$!
@@ -151,6 +157,8 @@ netpipe() { # placement kind
     esac
     case "$kind" in
         svnic) env=(-x FI_PROVIDER_PATH -x FI_PROVIDER=svnic -x "FI_SVNIC_SOCKET=$sock")
+               mca+=(--mca pml cm --mca mtl ofi --mca mtl_ofi_provider_include svnic --mca btl self) ;;
+        svnic-rxd) env=(-x FI_PROVIDER_PATH -x FI_PROVIDER=svnic -x "FI_SVNIC_SOCKET=$sock" -x FI_SVNIC_RXD=1)
                mca+=(--mca pml cm --mca mtl ofi --mca mtl_ofi_provider_include 'svnic;ofi_rxd' --mca btl self) ;;
         udp)   env=(-x FI_PROVIDER=udp)
                mca+=(--mca pml cm --mca mtl ofi --mca mtl_ofi_provider_include 'udp;ofi_rxd' --mca btl self) ;;
@@ -181,9 +189,9 @@ record() { # placement measure provider value
 # when the scheduler preempts one (milliseconds per message; svnic's CQ yields, libfabric's
 # shm, udp and tcp providers do not).
 MEASURES=(
-    "64 20000 svnic:dgram udp:dgram shm:rdm tcp:msg svnic;ofi_rxd:rdm udp;ofi_rxd:rdm"
-    "4096 10000 svnic:dgram shm:rdm tcp:msg svnic;ofi_rxd:rdm udp;ofi_rxd:rdm"
-    "65536 2000 svnic:dgram shm:rdm tcp:msg svnic;ofi_rxd:rdm udp;ofi_rxd:rdm"
+    "64 20000 svnic:dgram svnic:rdm udp:dgram shm:rdm tcp:msg svnic;ofi_rxd:rdm udp;ofi_rxd:rdm"
+    "4096 10000 svnic:dgram svnic:rdm shm:rdm tcp:msg svnic;ofi_rxd:rdm udp;ofi_rxd:rdm"
+    "65536 2000 svnic:dgram svnic:rdm shm:rdm tcp:msg svnic;ofi_rxd:rdm udp;ofi_rxd:rdm"
 )
 
 port=47800
@@ -210,8 +218,8 @@ for placement in pinned split free; do
             done
         done
         if [ "$mpi" = 1 ]; then
-            kinds=(svnic vader udp)
-            [ $((round % 2)) = 0 ] && kinds=(udp vader svnic)
+            kinds=(svnic svnic-rxd vader udp)
+            [ $((round % 2)) = 0 ] && kinds=(udp vader svnic-rxd svnic)
             for k in "${kinds[@]}"; do
                 record "$placement" netpipe "$k" "$(netpipe "$placement" "$k")"
             done
@@ -280,10 +288,14 @@ def ratio(placement, what, a, b, target, higher):
     print(f"  {placement:7} {what:24} {a} / {b}: {r:5.2f}  {'ok' if ok else 'MISSED'}")
 # "best": each provider in the placement that suits it best.
 for placement in PLACEMENTS + ["best"]:
+    ratio(placement, "bandwidth 64 KiB", "svnic/rdm", "udp;ofi_rxd/rdm", 2.0, True)
     ratio(placement, "bandwidth 64 KiB", "svnic;ofi_rxd/rdm", "udp;ofi_rxd/rdm", 2.0, True)
     ratio(placement, "bandwidth 64 KiB", "svnic/dgram", "udp;ofi_rxd/rdm", 2.0, True)
     ratio(placement, "latency 64 B", "svnic/dgram", "udp/dgram", 1.0, False)
+    ratio(placement, "latency 64 B", "svnic/rdm", "udp;ofi_rxd/rdm", 1.0, False)
     ratio(placement, "latency 64 B", "svnic;ofi_rxd/rdm", "udp;ofi_rxd/rdm", 1.0, False)
     ratio(placement, "np bandwidth 64 KiB", "svnic", "udp", 2.0, True)
+    ratio(placement, "np bandwidth 64 KiB", "svnic-rxd", "udp", 2.0, True)
     ratio(placement, "np latency 64 B", "svnic", "udp", 1.0, False)
+    ratio(placement, "np latency 64 B", "svnic-rxd", "udp", 1.0, False)
 PY

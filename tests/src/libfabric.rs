@@ -144,11 +144,23 @@ pub fn start_pingpong(
     server_log: &Path,
     client_log: &Path,
 ) -> (KillOnDrop, KillOnDrop) {
+    start_pingpong_env(sockets, &[], args, server_log, client_log)
+}
+
+/// [`start_pingpong`] with the variables `env` set in both processes.
+pub fn start_pingpong_env(
+    sockets: (&Path, &Path),
+    env: &[(&str, &str)],
+    args: &[&str],
+    server_log: &Path,
+    client_log: &Path,
+) -> (KillOnDrop, KillOnDrop) {
     let port = free_port().to_string();
     let spawn = |socket: &Path, extra: &[&str], log: &Path| {
         let out = std::fs::File::create(log).unwrap();
         let mut c = fi_tool("fi_pingpong", Some(socket));
-        c.args(args)
+        c.envs(env.iter().copied())
+            .args(args)
             .args(extra)
             .stdin(Stdio::null())
             .stderr(out.try_clone().unwrap())
@@ -176,8 +188,19 @@ pub fn run_pingpong(
     dir: &Path,
     timeout: Duration,
 ) -> [(&'static str, String); 2] {
+    run_pingpong_env(sockets, &[], args, dir, timeout)
+}
+
+/// [`run_pingpong`] with the variables `env` set in both processes.
+pub fn run_pingpong_env(
+    sockets: (&Path, &Path),
+    env: &[(&str, &str)],
+    args: &[&str],
+    dir: &Path,
+    timeout: Duration,
+) -> [(&'static str, String); 2] {
     let (server_log, client_log) = (dir.join("server.log"), dir.join("client.log"));
-    let (mut server, mut client) = start_pingpong(sockets, args, &server_log, &client_log);
+    let (mut server, mut client) = start_pingpong_env(sockets, env, args, &server_log, &client_log);
     let deadline = Instant::now() + timeout;
     let client_status = client.wait_until(deadline).unwrap();
     let server_status = server.wait_until(deadline).unwrap();
@@ -206,14 +229,4 @@ pub fn acked_sizes(who: &str, out: &str, iterations: u64) -> Vec<u64> {
         );
     }
     table.iter().map(|l| l.bytes).collect()
-}
-
-/// Sends signal `sig` (a name such as `STOP`, `CONT`) to `child` through kill(1).
-pub fn signal(child: &KillOnDrop, sig: &str) {
-    let status = Command::new("kill")
-        .arg(format!("-{sig}"))
-        .arg(child.0.id().to_string())
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill -{sig} {}: {status}", child.0.id());
 }

@@ -15,8 +15,9 @@ use svnic_backend::config::EngineOverrides;
 use svnic_channels::MacAddr;
 use svnic_control_plane::lifecycle::ChannelState;
 use svnic_fi::addr::{self, ADDR_LEN};
-use svnic_fi::errors::{PROV_CANCELED, PROV_TRUNCATED};
+use svnic_fi::errors::{PROV_CANCELED, PROV_NO_MESSAGE, PROV_TRUNCATED};
 use svnic_fi::ffi::domain::{FiAvAttr, FidAv, FidDomain};
+use svnic_fi::ffi::endpoint::tagged::FiMsgTagged;
 use svnic_fi::ffi::endpoint::{FiMsg, FidEp};
 use svnic_fi::ffi::eq::*;
 use svnic_fi::ffi::errno::*;
@@ -96,8 +97,8 @@ fn free(info: *mut FiInfo) {
 /// Hints with every attribute struct present and zeroed.
 struct Hints {
     info: Box<FiInfo>,
-    _tx: Box<FiTxAttr>,
-    _rx: Box<FiRxAttr>,
+    tx: Box<FiTxAttr>,
+    rx: Box<FiRxAttr>,
     ep: Box<FiEpAttr>,
     domain: Box<FiDomainAttr>,
     fabric: Box<FiFabricAttr>,
@@ -107,14 +108,14 @@ impl Hints {
     fn new() -> Hints {
         let mut h = Hints {
             info: Box::new(zeroed()),
-            _tx: Box::new(zeroed()),
-            _rx: Box::new(zeroed()),
+            tx: Box::new(zeroed()),
+            rx: Box::new(zeroed()),
             ep: Box::new(zeroed()),
             domain: Box::new(zeroed()),
             fabric: Box::new(zeroed()),
         };
-        h.info.tx_attr = &mut *h._tx;
-        h.info.rx_attr = &mut *h._rx;
+        h.info.tx_attr = &mut *h.tx;
+        h.info.rx_attr = &mut *h.rx;
         h.info.ep_attr = &mut *h.ep;
         h.info.domain_attr = &mut *h.domain;
         h.info.fabric_attr = &mut *h.fabric;
@@ -130,10 +131,37 @@ fn getinfo_answers_hints_and_refuses_what_svnic_lacks() {
     let rc = unsafe { f(v, null(), null(), 0, null(), null_mut()) };
     assert_eq!(rc, -FI_EINVAL);
 
+    // Two entries: the native RDM endpoint first, then the DGRAM one.
     let info = getinfo(v, null(), 0, None).unwrap();
-    let i = r(info);
+    let rdm = r(info);
+    assert_eq!(r(rdm.ep_attr).type_, FI_EP_RDM);
+    assert_eq!(
+        rdm.caps,
+        caps::FI_MSG
+            | caps::FI_TAGGED
+            | caps::FI_SEND
+            | caps::FI_RECV
+            | caps::FI_DIRECTED_RECV
+            | caps::FI_LOCAL_COMM
+            | caps::FI_REMOTE_COMM
+    );
+    assert_eq!(rdm.mode, 0);
+    assert_eq!(r(rdm.ep_attr).max_msg_size, 8 * 65536, "in parts of 64 KiB");
+    assert_eq!(r(rdm.ep_attr).mem_tag_format, FI_TAG_GENERIC);
+    assert_eq!(r(rdm.tx_attr).inject_size, 40 - 17, "the header's room");
+    assert_eq!(r(rdm.tx_attr).msg_order, FI_ORDER_SAS);
+    assert_eq!(r(rdm.rx_attr).msg_order, FI_ORDER_SAS);
+    assert_eq!(
+        r(rdm.rx_attr).caps & caps::FI_DIRECTED_RECV,
+        caps::FI_DIRECTED_RECV
+    );
+    assert_eq!(r(rdm.domain_attr).cq_data_size, 8);
+    assert_eq!(r(rdm.domain_attr).data_progress, FI_PROGRESS_MANUAL);
+    let i = r(rdm.next);
     assert!(i.next.is_null());
     assert_eq!(i.caps & caps::FI_MSG, caps::FI_MSG);
+    assert_eq!(i.caps & caps::FI_TAGGED, 0);
+    assert_eq!(r(i.domain_attr).cq_data_size, 0);
     assert_eq!(i.mode, 0);
     assert_eq!(r(i.ep_attr).type_, FI_EP_DGRAM);
     assert_eq!(r(i.ep_attr).max_msg_size, 65536);
@@ -147,8 +175,50 @@ fn getinfo_answers_hints_and_refuses_what_svnic_lacks() {
     assert_eq!(unsafe { CStr::from_ptr(r(i.fabric_attr).name) }, c"svnic");
     free(info);
 
-    // Utility providers pass libfabric-internal flag bits: ignored.
-    free(getinfo(v, null(), 1 << 59, None).unwrap());
+    // Utility providers (ofi_rxd) ask with libfabric's internal OFI_CORE_PROV_ONLY bit: they
+    // get nothing unless FI_SVNIC_RXD=1, then the DGRAM core only, marked for a reliable layer.
+    let env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    std::env::remove_var("FI_SVNIC_RXD");
+    assert_eq!(getinfo(v, null(), 1 << 59, None).err(), Some(-FI_ENODATA));
+    std::env::set_var("FI_SVNIC_RXD", "1");
+    let layered = getinfo(v, null(), 1 << 59, None);
+    std::env::remove_var("FI_SVNIC_RXD");
+    drop(env);
+    let info = layered.unwrap();
+    assert!(r(info).next.is_null());
+    assert_eq!(r(r(info).ep_attr).type_, FI_EP_DGRAM);
+    assert_eq!(
+        r(r(info).ep_attr).protocol,
+        svnic_fi::info::PROTOCOL_LAYERED
+    );
+    free(info);
+
+    // Open MPI's OFI MTL hints: the RDM entry, with directed receives and remote CQ data.
+    let mut h = Hints::new();
+    h.info.caps =
+        caps::FI_TAGGED | caps::FI_LOCAL_COMM | caps::FI_REMOTE_COMM | caps::FI_DIRECTED_RECV;
+    h.info.mode = (1 << 59) | (1 << 52);
+    h.ep.type_ = FI_EP_RDM;
+    h.domain.cq_data_size = 4;
+    h.domain.av_type = FI_AV_MAP;
+    h.tx.msg_order = FI_ORDER_SAS;
+    h.rx.msg_order = FI_ORDER_SAS;
+    let info = getinfo(fi_version(1, 5), null(), 0, Some(&h.info)).unwrap();
+    assert!(r(info).next.is_null());
+    assert_eq!(r(r(info).ep_attr).type_, FI_EP_RDM);
+    assert_eq!(
+        r(info).caps & caps::FI_DIRECTED_RECV,
+        caps::FI_DIRECTED_RECV
+    );
+    free(info);
+    // fi_pingpong's `-e rdm` hints (FI_MSG): receives ignore their source unless asked.
+    let mut h = Hints::new();
+    h.info.caps = caps::FI_MSG;
+    h.ep.type_ = FI_EP_RDM;
+    let info = getinfo(v, null(), 0, Some(&h.info)).unwrap();
+    assert_eq!(r(info).caps & caps::FI_DIRECTED_RECV, 0);
+    assert_eq!(r(r(info).rx_attr).caps & caps::FI_DIRECTED_RECV, 0);
+    free(info);
     let mut h = Hints::new();
     h.info.caps = caps::FI_MSG;
     h.info.mode = !0;
@@ -176,16 +246,33 @@ fn getinfo_answers_hints_and_refuses_what_svnic_lacks() {
 
     let garbage = [7u8; ADDR_LEN];
     type Change = Box<dyn Fn(&mut Hints)>;
-    let refused: [(&str, Change); 9] = [
-        ("RDM", Box::new(|h| h.ep.type_ = 3)),
-        ("tagged", Box::new(|h| h.info.caps = caps::FI_TAGGED)),
+    let refused: [(&str, Change); 11] = [
+        ("MSG endpoint", Box::new(|h| h.ep.type_ = 1)),
+        (
+            "tagged DGRAM",
+            Box::new(|h| {
+                h.ep.type_ = FI_EP_DGRAM;
+                h.info.caps = caps::FI_TAGGED;
+            }),
+        ),
+        (
+            "DGRAM with cq data",
+            Box::new(|h| {
+                h.ep.type_ = FI_EP_DGRAM;
+                h.domain.cq_data_size = 4;
+            }),
+        ),
+        ("atomics", Box::new(|h| h.info.caps = 1 << 4)),
         ("1 MiB messages", Box::new(|h| h.ep.max_msg_size = 1 << 20)),
         ("sockaddr_in", Box::new(|h| h.info.addr_format = 2)),
         (
             "auto progress",
             Box::new(|h| h.domain.data_progress = FI_PROGRESS_AUTO),
         ),
-        ("cq data", Box::new(|h| h.domain.cq_data_size = 4)),
+        (
+            "16 bytes of cq data",
+            Box::new(|h| h.domain.cq_data_size = 16),
+        ),
         (
             "fabric name",
             Box::new(|h| h.fabric.name = c"udp".as_ptr() as *mut _),
@@ -234,7 +321,7 @@ fn getinfo_answers_hints_and_refuses_what_svnic_lacks() {
 
     // fi_domain with no guest socket configured, or one nobody serves.
     let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
-    let (info, fabric) = open_fabric();
+    let (info, fabric) = open_fabric(FI_EP_DGRAM);
     for (socket, want) in [
         (None, -FI_ENODEV),
         (Some("/nonexistent/svnic.sock"), -FI_ECONNREFUSED),
@@ -254,9 +341,13 @@ fn getinfo_answers_hints_and_refuses_what_svnic_lacks() {
     free(info);
 }
 
-/// getinfo + fi_fabric as libfabric does them (it records the API version in the attributes).
-fn open_fabric() -> (*mut FiInfo, *mut FidFabric) {
-    let info = getinfo(svnic_fi::API_VERSION, null(), 0, None).unwrap();
+/// getinfo (for endpoints of `ep_type`) + fi_fabric as libfabric does them (it records the API
+/// version in the attributes).
+fn open_fabric(ep_type: c_int) -> (*mut FiInfo, *mut FidFabric) {
+    let mut h = Hints::new();
+    h.ep.type_ = ep_type;
+    let info = getinfo(svnic_fi::API_VERSION, null(), 0, Some(&h.info)).unwrap();
+    assert_eq!(r(r(info).ep_attr).type_, ep_type);
     let fa = r(info).fabric_attr;
     // SAFETY: the provider's live attributes; libfabric writes api_version the same way.
     unsafe { (*fa).api_version = svnic_fi::API_VERSION };
@@ -376,7 +467,7 @@ fn endpoints_send_receive_and_refuse_bad_use() {
     std::env::set_var("FI_SVNIC_SOCKET", d.sock(1));
     std::env::remove_var("FI_SVNIC_ENDPOINT");
     std::env::set_var("FI_SVNIC_PEER_TIMEOUT_MS", "200");
-    let (info, fabric) = open_fabric();
+    let (info, fabric) = open_fabric(FI_EP_DGRAM);
     let mut dom = null_mut();
     assert_eq!(
         call!(r(fabric).ops, domain(fabric, info, &mut dom, null_mut())),
@@ -978,4 +1069,543 @@ fn endpoints_send_receive_and_refuse_bad_use() {
         ],
         "closing the endpoints destroyed their channels"
     );
+}
+
+/// Reads `n` completions of a TAGGED-format `cq` (or stops at an error entry).
+fn read_tagged(cq: *mut FidCq, n: usize) -> Result<Vec<FiCqTaggedEntry>, isize> {
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while got.len() < n {
+        let mut e: [FiCqTaggedEntry; 4] = zeroed();
+        match call!(r(cq).ops, read(cq, e.as_mut_ptr().cast(), 4)) {
+            k if k > 0 => got.extend(e.into_iter().take(k as usize)),
+            EAGAIN => {
+                assert!(Instant::now() < deadline, "{} of {n}", got.len());
+                std::thread::yield_now();
+            }
+            k => return Err(k),
+        }
+    }
+    Ok(got)
+}
+
+/// One RDM endpoint of `dom` with its own TAGGED CQ (bound with `cq_flags` for both
+/// directions), bound to `av` and enabled.
+fn rdm_endpoint(
+    dom: *mut FidDomain,
+    info: *mut FiInfo,
+    av: *mut FidAv,
+    cq_flags: u64,
+) -> (*mut FidEp, *mut FidCq) {
+    let mut ep: *mut FidEp = null_mut();
+    assert_eq!(
+        call!(r(dom).ops, endpoint(dom, info, &mut ep, null_mut())),
+        0
+    );
+    let (rc, cq) = cq_open(dom, FI_CQ_FORMAT_TAGGED, FI_WAIT_NONE, 0);
+    assert_eq!(rc, 0);
+    let bind = |what: *mut Fid, flags: u64| call!(r(ep).fid.ops, bind(ep.cast(), what, flags));
+    assert_eq!(bind(av.cast(), 0), 0);
+    let dirs = op_flags::FI_TRANSMIT | op_flags::FI_RECV;
+    assert_eq!(bind(cq.cast(), dirs | cq_flags), 0);
+    assert_eq!(
+        call!(r(ep).fid.ops, control(ep.cast(), FI_ENABLE, null_mut())),
+        0
+    );
+    (ep, cq)
+}
+
+#[test]
+fn rdm_endpoints_match_tags_and_sources_keep_unexpected_messages_and_report_dead_peers() {
+    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let d = DaemonFixture::start("fi-api-rdm", &[(MAC, "")], EngineOverrides::default());
+    std::env::set_var("FI_SVNIC_SOCKET", d.sock(1));
+    std::env::remove_var("FI_SVNIC_ENDPOINT");
+    std::env::set_var("FI_SVNIC_PEER_TIMEOUT_MS", "200");
+    let (info, fabric) = open_fabric(FI_EP_RDM);
+    // As Open MPI asks: completions by default, and selective completion on the CQ (of a).
+    // SAFETY: the live attributes of the provider's list.
+    unsafe { (*r(info).tx_attr).op_flags = op_flags::FI_COMPLETION };
+    let mut dom = null_mut();
+    assert_eq!(
+        call!(r(fabric).ops, domain(fabric, info, &mut dom, null_mut())),
+        0
+    );
+    let mut av_attr: FiAvAttr = zeroed();
+    av_attr.type_ = FI_AV_MAP;
+    let mut av: *mut FidAv = null_mut();
+    assert_eq!(
+        call!(r(dom).ops, av_open(dom, &mut av_attr, &mut av, null_mut())),
+        0
+    );
+    let (a, cq_a) = rdm_endpoint(dom, info, av, op_flags::FI_SELECTIVE_COMPLETION);
+    let (b, cq_b) = rdm_endpoint(dom, info, av, 0);
+    let (c, cq_c) = rdm_endpoint(dom, info, av, 0);
+    let names: Vec<u8> = [getname(a), getname(b), getname(c)].concat();
+    let mut h = [0u64; 3];
+    assert_eq!(
+        call!(
+            r(av).ops,
+            insert(av, names.as_ptr().cast(), 3, h.as_mut_ptr(), 0, null_mut())
+        ),
+        3
+    );
+    let [to_a, to_b, to_c] = h;
+
+    let tsend = |ep: *mut FidEp, buf: &[u8], to: u64, tag: u64, cx: usize| {
+        call!(
+            r(ep).tagged,
+            send(
+                ep,
+                buf.as_ptr().cast(),
+                buf.len(),
+                null_mut(),
+                to,
+                tag,
+                ctx(cx)
+            )
+        )
+    };
+    let trecv = |ep: *mut FidEp, buf: &mut [u8], from: u64, tag: u64, ignore: u64, cx: usize| {
+        call!(
+            r(ep).tagged,
+            recv(
+                ep,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                null_mut(),
+                from,
+                tag,
+                ignore,
+                ctx(cx)
+            )
+        )
+    };
+    // Selective completion on a, FI_COMPLETION in its default op_flags: plain sends report,
+    // `*msg` sends only with FI_COMPLETION in their flags.
+    let send_done = |cx: usize| {
+        let e = read_tagged(cq_a, 1).unwrap()[0];
+        assert_eq!(e.data_entry.op_context as usize, cx);
+        assert_eq!(e.data_entry.flags, op_flags::FI_SEND | op_flags::FI_TAGGED);
+    };
+
+    // Tags, sizes (inline, staged, the 64 KiB maximum), received out of their sending order
+    // from the unexpected queue, and an untagged message that only an fi_recv takes.
+    let payloads = [
+        pattern(3, 1),
+        pattern(23, 2),
+        pattern(24, 3),
+        pattern(5000, 4),
+    ];
+    let big = pattern(65536, 5);
+    for (k, p) in payloads.iter().enumerate() {
+        assert_eq!(tsend(a, p, to_b, 10 + k as u64, k), 0);
+        send_done(k);
+    }
+    assert_eq!(tsend(a, &big, to_b, 99, 9), 0);
+    send_done(9);
+    assert_eq!(
+        tsend(a, &pattern(8 * 65536 + 1, 6), to_b, 1, 0),
+        -(FI_EMSGSIZE as isize)
+    );
+    let untagged = pattern(7, 7);
+    assert_eq!(
+        call!(
+            r(a).msg,
+            send(a, untagged.as_ptr().cast(), 7, null_mut(), to_b, ctx(20))
+        ),
+        0
+    );
+    let e = read_tagged(cq_a, 1).unwrap()[0];
+    assert_eq!(
+        (e.data_entry.op_context as usize, e.data_entry.flags),
+        (20, op_flags::FI_SEND | op_flags::FI_MSG)
+    );
+    std::thread::sleep(Duration::from_millis(50));
+    let mut buf = vec![0u8; 65536];
+    assert_eq!(trecv(b, &mut buf, FI_ADDR_UNSPEC, 99, 0, 199), 0);
+    let e = read_tagged(cq_b, 1).unwrap()[0];
+    assert_eq!(
+        (e.data_entry.op_context as usize, e.data_entry.len, e.tag),
+        (199, 65536, 99)
+    );
+    assert_eq!(e.data_entry.flags, op_flags::FI_RECV | op_flags::FI_TAGGED);
+    assert_eq!(buf, big);
+    let mut ubuf = [0u8; 16];
+    assert_eq!(
+        call!(
+            r(b).msg,
+            recv(
+                b,
+                ubuf.as_mut_ptr().cast(),
+                16,
+                null_mut(),
+                FI_ADDR_UNSPEC,
+                ctx(120)
+            )
+        ),
+        0
+    );
+    let e = read_tagged(cq_b, 1).unwrap()[0];
+    assert_eq!(
+        (e.data_entry.op_context as usize, e.data_entry.len),
+        (120, 7)
+    );
+    assert_eq!(e.data_entry.flags, op_flags::FI_RECV | op_flags::FI_MSG);
+    assert_eq!(&ubuf[..7], &untagged[..]);
+    for k in (0..payloads.len()).rev() {
+        buf.fill(0);
+        // Tag 10 + k, matched through the ignore bits for k = 0 (tag 8 | ignore 2 = 10).
+        let (tag, ignore) = if k == 0 { (8, 2) } else { (10 + k as u64, 0) };
+        assert_eq!(trecv(b, &mut buf, FI_ADDR_UNSPEC, tag, ignore, 100 + k), 0);
+        let e = read_tagged(cq_b, 1).unwrap()[0];
+        assert_eq!(
+            (e.data_entry.op_context as usize, e.data_entry.len, e.tag),
+            (100 + k, payloads[k].len(), 10 + k as u64)
+        );
+        assert_eq!(&buf[..e.data_entry.len], &payloads[k][..]);
+    }
+
+    // A posted receive that nothing matches stays posted; fi_inject with the header's room;
+    // remote CQ data; `*msg` sends under selective completion.
+    let mut waiting = [0u8; 8];
+    assert_eq!(trecv(b, &mut waiting, FI_ADDR_UNSPEC, 77, 0, 300), 0);
+    let small = pattern(23, 8);
+    assert_eq!(
+        call!(r(a).tagged, inject(a, small.as_ptr().cast(), 23, to_b, 5)),
+        0
+    );
+    assert_eq!(
+        call!(r(a).tagged, inject(a, small.as_ptr().cast(), 24, to_b, 5)),
+        -(FI_EMSGSIZE as isize)
+    );
+    assert_eq!(
+        call!(
+            r(a).tagged,
+            senddata(
+                a,
+                small.as_ptr().cast(),
+                10,
+                null_mut(),
+                0xfeed,
+                to_b,
+                6,
+                ctx(31)
+            )
+        ),
+        0
+    );
+    send_done(31);
+    let iov = [libc::iovec {
+        iov_base: small.as_ptr() as *mut c_void,
+        iov_len: 4,
+    }];
+    let mut msg = FiMsgTagged {
+        msg_iov: iov.as_ptr(),
+        desc: null_mut(),
+        iov_count: 1,
+        addr: to_b,
+        tag: 7,
+        ignore: 0,
+        context: ctx(32),
+        data: 0xbeef,
+    };
+    assert_eq!(call!(r(a).tagged, sendmsg(a, &msg, 0)), 0);
+    msg.context = ctx(33);
+    let flags = op_flags::FI_COMPLETION | op_flags::FI_REMOTE_CQ_DATA;
+    assert_eq!(call!(r(a).tagged, sendmsg(a, &msg, flags)), 0);
+    send_done(33);
+    let mut got = Vec::new();
+    for (k, tag) in [(0usize, 5u64), (1, 6), (2, 7), (3, 7)] {
+        let mut bb = [0u8; 32];
+        assert_eq!(trecv(b, &mut bb, to_a, tag, 0, 400 + k), 0);
+        let e = read_tagged(cq_b, 1).unwrap()[0];
+        let d = e.data_entry;
+        got.push((d.op_context as usize, d.len, e.tag, d.data, d.flags));
+    }
+    let (rt, rd) = (
+        op_flags::FI_RECV | op_flags::FI_TAGGED,
+        op_flags::FI_RECV | op_flags::FI_TAGGED | op_flags::FI_REMOTE_CQ_DATA,
+    );
+    assert_eq!(
+        got,
+        [
+            (400, 23, 5, 0, rt),
+            (401, 10, 6, 0xfeed, rd),
+            (402, 4, 7, 0, rt),
+            (403, 4, 7, 0xbeef, rd)
+        ]
+    );
+    let mut none: FiCqTaggedEntry = zeroed();
+    let none_ptr = (&mut none as *mut FiCqTaggedEntry).cast();
+    assert_eq!(
+        call!(r(cq_a).ops, read(cq_a, none_ptr, 1)),
+        EAGAIN,
+        "no completion of fi_tinject nor of a selective fi_tsendmsg without FI_COMPLETION"
+    );
+    assert_eq!(
+        call!(r(b).tagged, recvmsg(b, &msg, 1 << 16)),
+        -(FI_EBADFLAGS as isize),
+        "FI_MULTI_RECV is not offered"
+    );
+
+    // Directed receives: b takes c's message first although a's arrived before it.
+    let (from_a, from_c) = (pattern(30, 9), pattern(31, 10));
+    assert_eq!(tsend(a, &from_a, to_b, 50, 50), 0);
+    send_done(50);
+    assert_eq!(tsend(c, &from_c, to_b, 50, 51), 0);
+    assert_eq!(
+        read_tagged(cq_c, 1).unwrap()[0].data_entry.op_context as usize,
+        51
+    );
+    std::thread::sleep(Duration::from_millis(50));
+    for (from, want, cx) in [(to_c, &from_c, 500), (to_a, &from_a, 501)] {
+        buf.fill(0);
+        assert_eq!(trecv(b, &mut buf, from, 50, 0, cx), 0);
+        let e = read_tagged(cq_b, 1).unwrap()[0];
+        assert_eq!(
+            (e.data_entry.op_context as usize, e.data_entry.len),
+            (cx, want.len())
+        );
+        assert_eq!(&buf[..want.len()], &want[..]);
+    }
+    assert_eq!(trecv(b, &mut buf, 77, 0, 0, 0), EINVAL, "unknown source");
+
+    // FI_PEEK: nothing with tag 90 yet (FI_ENOMSG); then a message is found and stays queued,
+    // is claimed (FI_PEEK|FI_CLAIM) so that a receive of its tag does not get it, and is
+    // received by the claim (FI_CLAIM, the same context); FI_PEEK|FI_DISCARD drops one.
+    let tmsg = |tag: u64, flags: u64, cx: usize, buf: &mut [u8]| {
+        let iov = [libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        }];
+        let m = FiMsgTagged {
+            msg_iov: iov.as_ptr(),
+            desc: null_mut(),
+            iov_count: 1,
+            addr: FI_ADDR_UNSPEC,
+            tag,
+            ignore: 0,
+            context: ctx(cx),
+            data: 0,
+        };
+        call!(r(b).tagged, recvmsg(b, &m, flags))
+    };
+    let (peek, claim, discard) = (op_flags::FI_PEEK, op_flags::FI_CLAIM, op_flags::FI_DISCARD);
+    assert_eq!(tmsg(90, peek, 900, &mut []), 0);
+    let err = read_err(cq_b);
+    assert_eq!(
+        (err.op_context as usize, err.err, err.prov_errno),
+        (900, FI_ENOMSG, PROV_NO_MESSAGE)
+    );
+    let claimed = pattern(2000, 12);
+    assert_eq!(tsend(a, &claimed, to_b, 90, 90), 0);
+    send_done(90);
+    assert_eq!(tsend(a, &pattern(5, 13), to_b, 91, 91), 0);
+    send_done(91);
+    std::thread::sleep(Duration::from_millis(50));
+    for (flags, cx) in [(peek, 901), (peek | claim, 902)] {
+        assert_eq!(tmsg(90, flags, cx, &mut []), 0);
+        let e = read_tagged(cq_b, 1).unwrap()[0];
+        let d = e.data_entry;
+        assert_eq!((d.op_context as usize, d.len, e.tag), (cx, 2000, 90));
+    }
+    let mut other = [0u8; 8];
+    assert_eq!(trecv(b, &mut other, FI_ADDR_UNSPEC, 90, 0, 903), 0);
+    buf.fill(0);
+    assert_eq!(tmsg(90, claim, 902, &mut buf), 0);
+    let e = read_tagged(cq_b, 1).unwrap()[0];
+    let d = e.data_entry;
+    assert_eq!((d.op_context as usize, d.len, e.tag), (902, 2000, 90));
+    assert_eq!(&buf[..2000], &claimed[..]);
+    assert_eq!(tmsg(90, claim, 902, &mut buf), EINVAL, "claimed once");
+    assert_eq!(tmsg(91, peek | discard, 904, &mut []), 0);
+    let e = read_tagged(cq_b, 1).unwrap()[0];
+    assert_eq!(
+        (e.data_entry.op_context as usize, e.data_entry.len, e.tag),
+        (904, 5, 91)
+    );
+    assert_eq!(tmsg(91, peek, 905, &mut []), 0);
+    assert_eq!(read_err(cq_b).err, FI_ENOMSG, "discarded");
+    assert_eq!(
+        call!(r(b).ops, cancel(b.cast(), ctx(903))),
+        0,
+        "not given the claimed message"
+    );
+    assert_eq!(read_err(cq_b).err, FI_ECANCELED);
+
+    // Waits for a's send `cx` while b progresses (reads its CQ, finding nothing there).
+    let send_done_b_polling = |cx: usize| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let mut e: FiCqTaggedEntry = zeroed();
+            let at = (&mut e as *mut FiCqTaggedEntry).cast();
+            assert_eq!(call!(r(cq_b).ops, read(cq_b, at, 1)), EAGAIN);
+            let rc = call!(r(cq_a).ops, read(cq_a, at, 1));
+            if rc == 1 {
+                assert_eq!(e.data_entry.op_context as usize, cx);
+                return;
+            }
+            assert_eq!(rc, EAGAIN, "send {cx}");
+            assert!(Instant::now() < deadline, "send {cx} never completed");
+        }
+    };
+    // More unexpected DMA-data messages than bounce buffers, while b progresses (reads its
+    // CQ): copied out of the bounce buffers, none refused, and taken in order.
+    let many: Vec<Vec<u8>> = (0..40).map(|k| pattern(4096, k as u8)).collect();
+    for (k, p) in many.iter().enumerate() {
+        assert_eq!(tsend(a, p, to_b, 1000, 1000 + k), 0);
+        send_done_b_polling(1000 + k);
+    }
+    for (k, p) in many.iter().enumerate() {
+        buf.fill(0);
+        assert_eq!(trecv(b, &mut buf, FI_ADDR_UNSPEC, 1000, 0, 2000 + k), 0);
+        let e = read_tagged(cq_b, 1).unwrap()[0];
+        assert_eq!(
+            (e.data_entry.op_context as usize, e.data_entry.len),
+            (2000 + k, 4096)
+        );
+        assert_eq!(&buf[..4096], &p[..], "message {k}");
+    }
+
+    // Messages longer than a bounce buffer travel in parts: into a posted receive of two
+    // segments, as an unexpected message, the largest, and truncated (one completion each).
+    let (mut seg1, mut seg2) = (vec![0u8; 100_000], vec![0u8; 8 * 65536]);
+    let iov = [
+        libc::iovec {
+            iov_base: seg1.as_mut_ptr().cast(),
+            iov_len: seg1.len(),
+        },
+        libc::iovec {
+            iov_base: seg2.as_mut_ptr().cast(),
+            iov_len: seg2.len(),
+        },
+    ];
+    let long = pattern(300_000, 21);
+    assert_eq!(
+        call!(
+            r(b).tagged,
+            recvv(
+                b,
+                iov.as_ptr(),
+                null_mut(),
+                2,
+                FI_ADDR_UNSPEC,
+                70,
+                0,
+                ctx(1100)
+            )
+        ),
+        0
+    );
+    assert_eq!(tsend(a, &long, to_b, 70, 1101), 0);
+    send_done(1101);
+    let e = read_tagged(cq_b, 1).unwrap()[0];
+    assert_eq!(
+        (e.data_entry.op_context as usize, e.data_entry.len, e.tag),
+        (1100, 300_000, 70)
+    );
+    assert_eq!(&seg1[..], &long[..100_000]);
+    assert_eq!(&seg2[..200_000], &long[100_000..]);
+    let largest = pattern(8 * 65536, 22);
+    assert_eq!(tsend(a, &largest, to_b, 71, 1102), 0);
+    // No receive is posted: b assembles the parts as an unexpected message.
+    send_done_b_polling(1102);
+    seg2.fill(0);
+    assert_eq!(trecv(b, &mut seg2, FI_ADDR_UNSPEC, 71, 0, 1103), 0);
+    let e = read_tagged(cq_b, 1).unwrap()[0];
+    assert_eq!(
+        (e.data_entry.op_context as usize, e.data_entry.len),
+        (1103, 8 * 65536)
+    );
+    assert_eq!(seg2, largest, "unexpected, assembled");
+    assert_eq!(trecv(b, &mut seg1, FI_ADDR_UNSPEC, 72, 0, 1104), 0);
+    assert_eq!(tsend(a, &long, to_b, 72, 1105), 0);
+    send_done(1105);
+    let err = read_err(cq_b);
+    assert_eq!(
+        (err.op_context as usize, err.err, err.len, err.olen, err.tag),
+        (1104, FI_ETRUNC, 100_000, 200_000, 72)
+    );
+    assert_eq!(&seg1[..], &long[..100_000]);
+
+    // Truncation keeps the tag; a send to an endpoint nobody owns fails FI_EHOSTUNREACH.
+    let mut tiny = [0u8; 4];
+    assert_eq!(trecv(b, &mut tiny, FI_ADDR_UNSPEC, 60, 0, 600), 0);
+    assert_eq!(tsend(a, &pattern(100, 11), to_b, 60, 60), 0);
+    send_done(60);
+    let err = read_err(cq_b);
+    assert_eq!(
+        (err.op_context as usize, err.err, err.olen, err.tag),
+        (600, FI_ETRUNC, 96, 60)
+    );
+    let nowhere = addr::encode(svnic_channels::ChannelAddr {
+        mac: MAC,
+        endpoint: 999,
+    });
+    let mut to_nowhere = [0u64];
+    assert_eq!(
+        call!(
+            r(av).ops,
+            insert(
+                av,
+                nowhere.as_ptr().cast(),
+                1,
+                to_nowhere.as_mut_ptr(),
+                0,
+                null_mut()
+            )
+        ),
+        1
+    );
+    assert_eq!(tsend(a, &pattern(9, 1), to_nowhere[0], 1, 700), 0);
+    let err = read_err(cq_a);
+    assert_eq!(
+        (err.op_context as usize, err.err, err.prov_errno),
+        (700, FI_EHOSTUNREACH, 1)
+    );
+
+    // A peer that goes away: b's receive directed at c fails once the peer timeout passes
+    // (b has sent to c, so it probes it), the one still waiting for a's tag 77 stays posted.
+    let mut cbuf = [0u8; 8];
+    assert_eq!(trecv(c, &mut cbuf, FI_ADDR_UNSPEC, 1, 0, 800), 0);
+    assert_eq!(tsend(b, &pattern(8, 1), to_c, 1, 801), 0);
+    assert_eq!(
+        read_tagged(cq_b, 1).unwrap()[0].data_entry.op_context as usize,
+        801
+    );
+    assert_eq!(
+        read_tagged(cq_c, 1).unwrap()[0].data_entry.op_context as usize,
+        800
+    );
+    close(c.cast());
+    assert_eq!(trecv(b, &mut buf, to_c, 2, 0, 802), 0);
+    let err = read_err(cq_b);
+    assert_eq!(err.op_context as usize, 802, "the receive directed at c");
+    assert!(
+        [FI_EHOSTUNREACH, FI_ECONNRESET].contains(&err.err),
+        "{}",
+        err.err
+    );
+    assert_eq!(
+        call!(r(b).ops, cancel(b.cast(), ctx(300))),
+        0,
+        "still posted"
+    );
+    let err = read_err(cq_b);
+    assert_eq!((err.op_context as usize, err.err), (300, FI_ECANCELED));
+
+    for fid in [
+        a.cast(),
+        b.cast(),
+        cq_a.cast(),
+        cq_b.cast(),
+        cq_c.cast(),
+        av.cast(),
+        dom.cast(),
+        fabric.cast::<Fid>(),
+    ] {
+        close(fid);
+    }
+    free(info);
 }

@@ -22,7 +22,7 @@ const MAC2: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x71, 0x01, 0x02]);
 const LONG: Duration = Duration::from_secs(180);
 
 #[test]
-fn fi_info_lists_the_svnic_dgram_endpoint() {
+fn fi_info_lists_the_native_rdm_and_the_dgram_endpoint() {
     // No daemon is needed to list the provider: getinfo never connects.
     let mut c = fi_tool("fi_info", None);
     c.args(["-p", "svnic"]);
@@ -40,7 +40,35 @@ fn fi_info_lists_the_svnic_dgram_endpoint() {
             (name, ty)
         })
         .collect();
-    assert!(entries.contains(&("svnic", "FI_EP_DGRAM")), "{text}");
+    assert_eq!(
+        entries,
+        [("svnic", "FI_EP_RDM"), ("svnic", "FI_EP_DGRAM")],
+        "{text}"
+    );
+    // ofi_rxd layers on the DGRAM endpoint only when asked to.
+    let mut c = fi_tool("fi_info", None);
+    c.env("FI_SVNIC_RXD", "1").args(["-p", "svnic;ofi_rxd"]);
+    let (ok, text) = run(c);
+    assert!(ok, "{text}");
+    assert!(text.contains("provider: svnic;ofi_rxd"), "{text}");
+
+    let mut c = fi_tool("fi_info", None);
+    c.args(["-p", "svnic", "-t", "FI_EP_RDM", "-v"]);
+    let (ok, text) = run(c);
+    assert!(ok, "{text}");
+    for want in [
+        "type: FI_EP_RDM",
+        "max_msg_size: 524288",
+        "inject_size: 23",
+        "cq_data_size: 8",
+        "mem_tag_format: 0xaaaaaaaaaaaaaaaa",
+        "FI_TAGGED",
+        "FI_DIRECTED_RECV",
+        "FI_ORDER_SAS",
+        "prov_name: svnic",
+    ] {
+        assert!(text.contains(want), "{want} missing in:\n{text}");
+    }
 
     let mut c = fi_tool("fi_info", None);
     c.args(["-p", "svnic", "-t", "FI_EP_DGRAM", "-v"]);

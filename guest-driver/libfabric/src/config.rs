@@ -43,6 +43,10 @@ pub struct Config {
     /// `FI_SVNIC_PEER_TIMEOUT_MS`: receives waiting this long with nothing arriving make the
     /// endpoint probe the peers it sent to (0: never).
     pub peer_timeout_ms: u64,
+    /// `FI_SVNIC_RXD` (0 or 1): offer the DGRAM core to libfabric's ofi_rxd utility provider,
+    /// which then lists `svnic;ofi_rxd` (ahead of the native RDM endpoint: libfabric orders
+    /// built-in providers before external ones).
+    pub rxd: bool,
 }
 
 fn var<T: std::str::FromStr + PartialOrd>(name: &str, default: T, lo: T, hi: T) -> T {
@@ -63,6 +67,7 @@ impl Config {
     /// Reads the environment.
     pub fn from_env() -> Config {
         Config {
+            rxd: var("FI_SVNIC_RXD", 0u8, 0, 1) == 1,
             socket: std::env::var_os("FI_SVNIC_SOCKET")
                 .filter(|s| !s.is_empty())
                 .map(PathBuf::from),

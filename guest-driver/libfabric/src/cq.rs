@@ -31,12 +31,16 @@ pub struct ErrInfo {
 pub struct CqEntry {
     /// The operation's context (an address, never dereferenced).
     pub ctx: usize,
-    /// `FI_SEND|FI_MSG` or `FI_RECV|FI_MSG`.
+    /// `FI_SEND` or `FI_RECV`, with `FI_MSG` or `FI_TAGGED` (and `FI_REMOTE_CQ_DATA`).
     pub flags: u64,
     /// Bytes received (0 for sends).
     pub len: usize,
     /// Where the data was received (0 for sends).
     pub buf: usize,
+    /// Remote CQ data of a received message (with `FI_REMOTE_CQ_DATA`), else 0.
+    pub data: u64,
+    /// The tag of a received tagged message, else 0.
+    pub tag: u64,
     /// `Some` for an error entry.
     pub err: Option<ErrInfo>,
 }
@@ -208,7 +212,7 @@ impl CqInner {
             flags: e.flags,
             len: e.len,
             buf: e.buf as *mut c_void,
-            data: 0,
+            data: e.data,
         };
         match self.format {
             // SAFETY: per the contract above (each arm).
@@ -232,7 +236,7 @@ impl CqInner {
                     at.cast(),
                     FiCqTaggedEntry {
                         data_entry: data,
-                        tag: 0,
+                        tag: e.tag,
                     },
                 )
             },
@@ -264,8 +268,8 @@ impl CqInner {
             (8, e.flags),
             (16, e.len as u64),
             (24, e.buf as u64),
-            (32, 0),
-            (40, 0),
+            (32, e.data),
+            (40, e.tag),
             (48, err.olen as u64),
         ];
         for (off, v) in fields {
@@ -603,6 +607,8 @@ mod tests {
             flags: op_flags::FI_RECV | op_flags::FI_MSG,
             len: 10 + ctx,
             buf: 0x1000 + ctx,
+            data: 0,
+            tag: 0,
             err,
         }
     }
@@ -642,7 +648,7 @@ mod tests {
         );
         assert_eq!(src, [FI_ADDR_NOTAVAIL, 7]);
 
-        // TAGGED: the DATA fields, then a zero tag; an error entry stops the read at it.
+        // TAGGED: the DATA fields, then the tag; an error entry stops the read at it.
         let cq = CqInner::new(
             FI_CQ_FORMAT_TAGGED,
             FI_WAIT_NONE,
@@ -655,7 +661,12 @@ mod tests {
             prov_errno: 1001,
             olen: 5,
         };
-        cq.push(entry(4, None));
+        cq.push(CqEntry {
+            flags: op_flags::FI_RECV | op_flags::FI_TAGGED | op_flags::FI_REMOTE_CQ_DATA,
+            data: 0x66,
+            tag: 0x77,
+            ..entry(4, None)
+        });
         cq.push(entry(5, Some(err)));
         let blank = FiCqTaggedEntry {
             data_entry: FiCqDataEntry {
@@ -678,7 +689,7 @@ mod tests {
                 d.data,
                 t[0].tag
             ),
-            (4, 14, 0x1004, 0, 0)
+            (4, 14, 0x1004, 0x66, 0x77)
         );
         assert_eq!(t[1].tag, 9, "nothing written past the entries read");
         assert_eq!(read(&cq, &mut t, null_mut()), -(FI_EAVAIL as isize));

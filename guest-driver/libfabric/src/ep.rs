@@ -1,4 +1,10 @@
-//! The DGRAM endpoint: one svnic channel.
+//! The DGRAM and RDM endpoints: one svnic channel each.
+//!
+//! An RDM endpoint is a DGRAM endpoint whose messages carry the header of [`crate::rdm`] (tag,
+//! remote CQ data) and whose receives match on it: svnic channels already deliver reliably
+//! (every send is delivered or fails with the reason), so nothing is retransmitted. It offers
+//! `FI_TAGGED`, `FI_DIRECTED_RECV` and remote CQ data; its bounce buffers and staging slots
+//! have [`rdm::SLOT_EXTRA`] bytes beyond `max_msg_size` for the header.
 //!
 //! - Sends of at most 40 bytes travel inline in one user-data message; larger ones are copied
 //!   into a staging slot of the channel's data area and sent as DMA-data. Every send asks the
@@ -15,7 +21,13 @@
 //!   have waited `FI_SVNIC_PEER_TIMEOUT_MS` with nothing arriving, the endpoint probes the peers
 //!   it sent to (a zero-length user-data message the receiving provider discards, at most one in
 //!   flight per peer). A probe the engine answers with NoRoute, DestinationGone or
-//!   DestinationFaulted fails the oldest posted receive with that error, and forgets the peer.
+//!   DestinationFaulted fails the posted receives directed at that peer (`FI_DIRECTED_RECV`),
+//!   or if there are none the oldest posted receive, with that error, and forgets the peer.
+//! - RDM unexpected messages: a message no posted receive matches waits in the unexpected
+//!   queue, a DMA-data one copied out of its bounce buffer (so the buffer takes the next
+//!   message) while the queue holds less than [`UNEXPECTED_BYTES`]; past that it keeps its
+//!   bounce buffer, and past [`UNEXPECTED_MAX`] messages the endpoint stops taking messages
+//!   from its RX ring: the engine backpressures the senders, nothing is dropped.
 
 use std::collections::{HashMap, VecDeque};
 use std::os::raw::{c_int, c_void};
@@ -33,16 +45,19 @@ use crate::attach::{DomainInner, CONTROL_TIMEOUT};
 use crate::av::{AvInner, SvnicAv};
 use crate::cq::{CqEntry, CqInner, ErrInfo, SvnicCq};
 use crate::eq::SvnicEq;
-use crate::errors::{self, Delivery, PROV_CANCELED, PROV_CHANNEL_FAILED, PROV_TRUNCATED};
+use crate::errors::{
+    self, Delivery, PROV_CANCELED, PROV_CHANNEL_FAILED, PROV_NO_MESSAGE, PROV_PARTS, PROV_TRUNCATED,
+};
 use crate::ffi::endpoint::atomic::FiOpsAtomic;
 use crate::ffi::endpoint::cm::FiOpsCm;
 use crate::ffi::endpoint::collective::FiOpsCollective;
 use crate::ffi::endpoint::rma::FiOpsRma;
-use crate::ffi::endpoint::tagged::FiOpsTagged;
+use crate::ffi::endpoint::tagged::{FiMsgTagged, FiOpsTagged};
 use crate::ffi::endpoint::*;
 use crate::ffi::errno::*;
 use crate::ffi::*;
 use crate::info::{INJECT_SIZE, IOV_LIMIT, RX_SIZE, TX_SIZE};
+use crate::rdm::{self, Header, Want};
 use crate::wait::Progress;
 use crate::{free_object, guard, hand_out, object, object_of, put, FidObject};
 
@@ -71,15 +86,27 @@ const SEND_FLAGS: u64 = op_flags::FI_COMPLETION
 /// Flags `fi_recvmsg` accepts.
 const RECV_FLAGS: u64 =
     op_flags::FI_COMPLETION | op_flags::FI_MORE | op_flags::FI_MSG | op_flags::FI_RECV;
+/// The flags of `fi_trecvmsg` that peek at and claim unexpected messages.
+const PEEK_FLAGS: u64 = op_flags::FI_PEEK | op_flags::FI_CLAIM | op_flags::FI_DISCARD;
+/// Flags an RDM endpoint's `fi_sendmsg`/`fi_tsendmsg` accept beyond [`SEND_FLAGS`].
+const RDM_SEND_FLAGS: u64 = op_flags::FI_TAGGED | op_flags::FI_REMOTE_CQ_DATA;
+/// Messages in an RDM endpoint's unexpected queue beyond which it stops polling its RX ring.
+pub const UNEXPECTED_MAX: usize = 4096;
+/// Bytes of DMA-data copied out of bounce buffers into the unexpected queue, at most.
+pub const UNEXPECTED_BYTES: usize = 8 << 20;
 
 /// A scatter/gather list of the application's memory: (address, length) pairs.
 type Segments = Vec<(usize, usize)>;
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct PostedRecv {
     segs: Segments,
     ctx: usize,
     report: bool,
+    /// The messages it takes (any, on a DGRAM endpoint).
+    want: Want,
+    /// `FI_MSG` or `FI_TAGGED`, for its completion.
+    op: u64,
 }
 
 impl PostedRecv {
@@ -88,16 +115,41 @@ impl PostedRecv {
     }
 }
 
+/// A message taken from the RX ring, its header already read.
 #[derive(Debug)]
-enum Arrived {
+struct Arrived {
+    src: ChannelAddr,
+    hdr: Header,
+    body: Body,
+}
+
+/// Where an arrived message's payload is.
+#[derive(Debug)]
+enum Body {
+    /// `data[start..end]` of a user-data message.
     Inline {
         data: [u8; INLINE_CAPACITY],
-        len: usize,
+        start: usize,
+        end: usize,
     },
+    /// `len` bytes at `start` in bounce buffer `idx` (still held).
     Bounce {
         idx: usize,
+        start: usize,
         len: usize,
     },
+    /// Copied out of its bounce buffer (an RDM unexpected message).
+    Heap(Vec<u8>),
+}
+
+impl Body {
+    fn len(&self) -> usize {
+        match self {
+            Body::Inline { start, end, .. } => end - start,
+            Body::Bounce { len, .. } => *len,
+            Body::Heap(v) => v.len(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -111,9 +163,40 @@ struct PendingSend {
     ctx: usize,
     report: bool,
     inject: bool,
+    /// `FI_MSG` or `FI_TAGGED`, for its completion.
+    op: u64,
+    /// The message in parts this is a part of ([`EpState::groups`]).
+    group: Option<u64>,
     dest: ChannelAddr,
     payload: Payload,
     retries: u32,
+}
+
+/// The parts of a message in parts still in flight, and the first error among those done.
+#[derive(Debug)]
+struct Group {
+    remaining: usize,
+    err: Option<ErrInfo>,
+}
+
+/// A message in parts being received from one sender.
+#[derive(Debug)]
+struct Assembly {
+    /// Its header (tag, data).
+    hdr: Header,
+    total: usize,
+    /// Bytes received so far (the offset the next part must have).
+    got: usize,
+    sink: Sink,
+}
+
+/// Where the parts of a message go.
+#[derive(Debug)]
+enum Sink {
+    /// The posted receive its first part matched, and the bytes copied into it.
+    Posted { r: PostedRecv, copied: usize },
+    /// No receive matched: assembled here, then queued as unexpected.
+    Heap(Vec<u8>),
 }
 
 /// What to do with one engine completion of a send.
@@ -135,7 +218,23 @@ struct EpState {
     rx_op_flags: u64,
     enabled: bool,
     failed: bool,
-    max_msg: usize,
+    /// RDM: messages carry the header of [`crate::rdm`] and receives match on it.
+    rdm: bool,
+    /// Receives honour their source address (`FI_DIRECTED_RECV`).
+    directed: bool,
+    /// Bytes of each bounce buffer and staging slot: `max_msg`, plus room for the header.
+    slot_len: usize,
+    /// Payload bytes of the unexpected queue's [`Body::Heap`] messages.
+    unexpected_bytes: usize,
+    /// Messages claimed by `FI_PEEK|FI_CLAIM`, by the context of the claim.
+    claimed: HashMap<usize, Arrived>,
+    /// Payload bytes of each part of a message in parts (`max_msg_size`).
+    part_len: usize,
+    /// Messages in parts being sent, by group id.
+    groups: HashMap<u64, Group>,
+    next_group: u64,
+    /// Messages in parts being received, by sender.
+    assembling: HashMap<ChannelAddr, Assembly>,
     bounces: Vec<u64>,
     staging_free: Vec<u64>,
     recvs: VecDeque<PostedRecv>,
@@ -161,6 +260,9 @@ pub struct EpInner {
     domain: Arc<DomainInner>,
     waiter: crate::attach::Waiter,
     max_msg: usize,
+    /// Largest `fi_inject` payload (the inline bytes less the RDM header's room).
+    inject_max: usize,
+    rdm: bool,
     state: Mutex<EpState>,
 }
 
@@ -207,12 +309,30 @@ static MSG_OPS: FiOpsMsg = FiOpsMsg {
     ..FiOpsMsg::ENOSYS
 };
 
+static RDM_MSG_OPS: FiOpsMsg = FiOpsMsg {
+    senddata: Some(ep_senddata),
+    injectdata: Some(ep_injectdata),
+    ..MSG_OPS
+};
+
 static RMA_OPS: FiOpsRma = FiOpsRma::ENOSYS;
-static TAGGED_OPS: FiOpsTagged = FiOpsTagged::ENOSYS;
+static DGRAM_TAGGED_OPS: FiOpsTagged = FiOpsTagged::ENOSYS;
+static TAGGED_OPS: FiOpsTagged = FiOpsTagged {
+    recv: Some(ep_trecv),
+    recvv: Some(ep_trecvv),
+    recvmsg: Some(ep_trecvmsg),
+    send: Some(ep_tsend),
+    sendv: Some(ep_tsendv),
+    sendmsg: Some(ep_tsendmsg),
+    inject: Some(ep_tinject),
+    senddata: Some(ep_tsenddata),
+    injectdata: Some(ep_tinjectdata),
+    ..FiOpsTagged::ENOSYS
+};
 static ATOMIC_OPS: FiOpsAtomic = FiOpsAtomic::ENOSYS;
 static COLLECTIVE_OPS: FiOpsCollective = FiOpsCollective::ENOSYS;
 
-/// `fi_endpoint`: a DGRAM endpoint with its channel (created now, so `fi_getname` works
+/// `fi_endpoint`: a DGRAM or RDM endpoint with its channel (created now, so `fi_getname` works
 /// before `fi_enable`).
 pub(crate) fn open(
     dom: &Arc<DomainInner>,
@@ -224,14 +344,22 @@ pub(crate) fn open(
     if out.is_null() {
         return -FI_EINVAL;
     }
-    if info.caps & !crate::info::CAPS != 0 {
-        return -FI_EINVAL;
-    }
     // SAFETY: NULL or the application's attributes.
     let ep_attr = unsafe { info.ep_attr.as_ref() };
-    if ep_attr.is_some_and(|e| e.type_ != FI_EP_UNSPEC && e.type_ != FI_EP_DGRAM) {
+    let rdm = match ep_attr.map_or(FI_EP_UNSPEC, |e| e.type_) {
+        FI_EP_RDM => true,
+        FI_EP_UNSPEC | FI_EP_DGRAM => false,
+        _ => return -FI_EINVAL,
+    };
+    let offered = if rdm {
+        crate::info::RDM_CAPS
+    } else {
+        crate::info::CAPS
+    };
+    if info.caps & !offered != 0 {
         return -FI_EINVAL;
     }
+    let directed = rdm && (info.caps == 0 || info.caps & caps::FI_DIRECTED_RECV != 0);
     let delivery = match ep_attr.map(|e| e.protocol) {
         Some(crate::info::PROTOCOL_LAYERED) => Delivery::UnderReliableLayer,
         _ => Delivery::Direct,
@@ -247,7 +375,8 @@ pub(crate) fn open(
         Err(e) => return -e,
     };
     let layout = *channel.layout();
-    let msg = cfg.max_msg_size as u64;
+    let slot_len = cfg.max_msg_size + if rdm { rdm::SLOT_EXTRA } else { 0 };
+    let msg = slot_len as u64;
     let slots = (layout.region_len - layout.data_offset) / msg;
     let rx = (cfg.rx_buffers as u64).min(slots.saturating_sub(1));
     let tx = (cfg.tx_buffers as u64).min(slots.saturating_sub(rx));
@@ -267,7 +396,8 @@ pub(crate) fn open(
         }
     };
     log::info!(
-        "svnic provider: endpoint {addr} ({rx} receive, {tx} staging buffers of {msg} bytes)"
+        "svnic provider: {} endpoint {addr} ({rx} receive, {tx} staging buffers of {msg} bytes)",
+        if rdm { "RDM" } else { "DGRAM" }
     );
     let state = EpState {
         channel: Some(channel),
@@ -281,7 +411,15 @@ pub(crate) fn open(
         rx_op_flags,
         enabled: false,
         failed: false,
-        max_msg: cfg.max_msg_size,
+        rdm,
+        directed,
+        slot_len,
+        unexpected_bytes: 0,
+        claimed: HashMap::new(),
+        part_len: cfg.max_msg_size,
+        groups: HashMap::new(),
+        next_group: 0,
+        assembling: HashMap::new(),
         bounces: (0..rx).map(at).collect(),
         staging_free: (rx..rx + tx).map(at).collect(),
         recvs: VecDeque::new(),
@@ -305,16 +443,27 @@ pub(crate) fn open(
             fid: SvnicEp::fid(context),
             ops: &EP_OPS,
             cm: &CM_OPS,
-            msg: &MSG_OPS,
+            msg: if rdm { &RDM_MSG_OPS } else { &MSG_OPS },
             rma: &RMA_OPS,
-            tagged: &TAGGED_OPS,
+            tagged: if rdm { &TAGGED_OPS } else { &DGRAM_TAGGED_OPS },
             atomic: &ATOMIC_OPS,
             collective: &COLLECTIVE_OPS,
         },
         inner: Arc::new(EpInner {
             domain: d,
             waiter,
-            max_msg: cfg.max_msg_size,
+            // An RDM message may travel in parts, each with a staging slot.
+            max_msg: if rdm {
+                cfg.max_msg_size * rdm::MAX_PARTS.min(tx as usize)
+            } else {
+                cfg.max_msg_size
+            },
+            inject_max: if rdm {
+                INJECT_SIZE - rdm::HEADER_MAX
+            } else {
+                INJECT_SIZE
+            },
+            rdm,
             state: Mutex::new(state),
         }),
     };
@@ -328,35 +477,51 @@ pub(crate) fn open(
 /// # Safety
 /// Every segment must be writable application memory (a posted receive's buffers).
 unsafe fn scatter(segs: &Segments, src: &[u8]) -> usize {
+    // SAFETY: per the contract above.
+    unsafe { scatter_at(segs, 0, src) }
+}
+
+/// Copies `src` into the application's segments from byte `at` of them on; returns the bytes
+/// copied (fewer if the segments end first).
+///
+/// # Safety
+/// As [`scatter`].
+unsafe fn scatter_at(segs: &Segments, mut at: usize, src: &[u8]) -> usize {
     let mut done = 0;
     for &(base, len) in segs {
         if done == src.len() {
             break;
         }
+        if at >= len {
+            at -= len;
+            continue;
+        }
         // A zero-length segment holds nothing; the next one may.
-        let n = len.min(src.len() - done);
+        let n = (len - at).min(src.len() - done);
         if n == 0 {
             continue;
         }
-        // SAFETY: per the contract above; n <= len.
-        unsafe { std::ptr::copy_nonoverlapping(src[done..].as_ptr(), base as *mut u8, n) };
+        // SAFETY: per the contract above; at + n <= len.
+        unsafe { std::ptr::copy_nonoverlapping(src[done..].as_ptr(), (base + at) as *mut u8, n) };
+        at = 0;
         done += n;
     }
     done
 }
 
-/// The application's gather list as one contiguous copy (at most `max` bytes, else
-/// `FI_EMSGSIZE`).
+/// `prefix` followed by the application's gather list, as one contiguous copy (the list at most
+/// `max` bytes, else `FI_EMSGSIZE`).
 ///
 /// # Safety
 /// Every segment must be readable application memory.
-unsafe fn gather(segs: &Segments, max: usize) -> Result<Vec<u8>, c_int> {
+unsafe fn gather(segs: &Segments, max: usize, prefix: &[u8]) -> Result<Vec<u8>, c_int> {
     let total = segs
         .iter()
         .try_fold(0usize, |a, s| a.checked_add(s.1))
         .filter(|&t| t <= max)
         .ok_or(FI_EMSGSIZE)?;
-    let mut v = Vec::with_capacity(total);
+    let mut v = Vec::with_capacity(prefix.len() + total);
+    v.extend_from_slice(prefix);
     for &(base, len) in segs {
         if len > 0 {
             // SAFETY: per the contract above.
@@ -437,8 +602,10 @@ impl EpInner {
         s.progress();
     }
 
-    /// Posts a receive.
-    fn recv(&self, segs: Segments, ctx: usize, report: Option<bool>) -> isize {
+    /// Posts a receive of the messages from `src` (an AV handle, or `FI_ADDR_UNSPEC`; honoured
+    /// with `FI_DIRECTED_RECV` only) with the tag `tag` (`Some((tag, ignore))` for a tagged
+    /// receive).
+    fn recv(&self, op: RecvOp, segs: Segments) -> isize {
         let mut s = self.lock();
         if let Err(e) = s.ready() {
             return -(e as isize);
@@ -450,37 +617,107 @@ impl EpInner {
             s.progress();
             return -(FI_EAGAIN as isize);
         }
-        let report =
-            report.unwrap_or(!s.rx_selective || s.rx_op_flags & op_flags::FI_COMPLETION != 0);
+        let src = if s.directed && op.src != FI_ADDR_UNSPEC {
+            match s.av.as_ref().and_then(|av| av.get(op.src)) {
+                Some(a) => Some(a),
+                None => return EINVAL,
+            }
+        } else {
+            None
+        };
+        let selective = s.rx_selective;
+        let r = PostedRecv {
+            segs,
+            ctx: op.ctx,
+            report: reports(op.report, selective, s.rx_op_flags),
+            want: Want { tag: op.tag, src },
+            op: op_kind(op.tag),
+        };
+        if op.flags & PEEK_FLAGS != 0 {
+            return s.peek_or_claim(r, op.flags);
+        }
         if s.recvs.is_empty() {
             // The wait the peer timeout measures starts now.
             s.last_rx = Instant::now();
         }
-        s.recvs.push_back(PostedRecv { segs, ctx, report });
-        if let Some(a) = s.unexpected.pop_front() {
-            if let Some(r) = s.recvs.pop_front() {
-                s.deliver(r, a);
-            }
+        // No unexpected message matches an older posted receive (it would have taken it).
+        match s
+            .unexpected
+            .iter()
+            .position(|a| r.want.matches(&a.hdr, a.src))
+            .and_then(|i| s.take_unexpected(i))
+        {
+            Some(a) => s.deliver(r, a),
+            None => s.recvs.push_back(r),
         }
         s.progress();
         0
     }
 
-    /// Sends `data` to the AV handle `dest`.
-    fn send(
-        &self,
-        data: &[u8],
-        dest: u64,
-        ctx: usize,
-        report: Option<bool>,
-        inject: bool,
-    ) -> isize {
+    /// Sends the payload `segs` with the header `hdr` (RDM endpoints only) to the AV handle
+    /// `dest`.
+    fn send(&self, op: SendOp, segs: Segments) -> isize {
+        let max = if op.inject {
+            self.inject_max
+        } else {
+            self.max_msg
+        };
+        let prefix = if self.rdm {
+            op.hdr.encode()
+        } else if op.hdr != Header::default() {
+            return -(FI_EBADFLAGS as isize);
+        } else {
+            ([0; rdm::PART_HEADER_MAX], 0)
+        };
+        // Checked before anything is copied or allocated.
+        // SAFETY: the segments were built from the application's buffers, readable for the call.
+        let data = match unsafe { gather(&segs, max, &prefix.0[..prefix.1]) } {
+            Ok(d) => d,
+            Err(err) => return -(err as isize),
+        };
         let mut s = self.lock();
-        match s.send(data, dest, ctx, report, inject) {
+        match s.send(&data, &op) {
             Ok(()) => 0,
             Err(e) => -(e as isize),
         }
     }
+}
+
+/// Whether an operation writes a completion: a `*msg` call's `FI_COMPLETION` flag (`report`),
+/// else the endpoint's `op_flags`; everything does unless the CQ was bound with
+/// `FI_SELECTIVE_COMPLETION`.
+fn reports(report: Option<bool>, selective: bool, op_flags: u64) -> bool {
+    !selective || report.unwrap_or(op_flags & op_flags::FI_COMPLETION != 0)
+}
+
+/// `FI_TAGGED` for an operation with a tag, else `FI_MSG` (for its completion's flags).
+fn op_kind<T>(tag: Option<T>) -> u64 {
+    if tag.is_some() {
+        op_flags::FI_TAGGED
+    } else {
+        op_flags::FI_MSG
+    }
+}
+
+/// A receive as posted, less its buffers.
+struct RecvOp {
+    ctx: usize,
+    /// `FI_PEEK`, `FI_CLAIM`, `FI_DISCARD` of an `fi_trecvmsg`.
+    flags: u64,
+    /// `Some(flag)`: `FI_COMPLETION` of a `*msg` call's flags; `None`: the endpoint's default.
+    report: Option<bool>,
+    src: u64,
+    tag: Option<(u64, u64)>,
+}
+
+/// A send as posted, less its buffers.
+struct SendOp {
+    dest: u64,
+    ctx: usize,
+    /// As [`RecvOp::report`].
+    report: Option<bool>,
+    inject: bool,
+    hdr: Header,
 }
 
 impl EpState {
@@ -501,6 +738,10 @@ impl EpState {
         let mut msgs = std::mem::take(&mut self.scratch);
         for _ in 0..16 {
             msgs.clear();
+            if self.rdm && self.unexpected.len() >= UNEXPECTED_MAX {
+                // Backpressure: the engine holds the senders until receives are posted.
+                break;
+            }
             let Some(ch) = self.channel.as_mut() else {
                 break;
             };
@@ -558,7 +799,8 @@ impl EpState {
         }
     }
 
-    /// The engine's answer to a probe: a peer that is gone fails the oldest posted receive.
+    /// The engine's answer to a probe: a peer that is gone fails the posted receives directed
+    /// at it, or if there are none the oldest posted receive.
     fn probe_done(&mut self, c: Completion) {
         let Some(peer) = self
             .peers
@@ -580,27 +822,40 @@ impl EpState {
         }
         self.peers.remove(&peer);
         log::info!("svnic provider: peer {peer} is gone: {}", c.status);
-        let (Some(r), Some(err)) = (self.recvs.pop_front(), errors::send_error(c.status)) else {
+        let Some(err) = errors::send_error(c.status) else {
             return;
         };
-        self.fail_recv(&r, err, c_int::from(c.status.code()));
+        if let Some(m) = self.assembling.remove(&peer) {
+            if let Sink::Posted { r, .. } = m.sink {
+                self.fail_recv(&r, err, c_int::from(c.status.code()));
+            }
+        }
+        let directed = self.recvs.iter().any(|r| r.want.src == Some(peer));
+        let mut failed = Vec::new();
+        self.recvs.retain_mut(|r| {
+            let fail = if directed {
+                r.want.src == Some(peer)
+            } else {
+                failed.is_empty() && r.want.src.is_none()
+            };
+            if fail {
+                failed.push(std::mem::take(r));
+            }
+            !fail
+        });
+        for r in &failed {
+            self.fail_recv(r, err, c_int::from(c.status.code()));
+        }
     }
 
     /// Completes a posted receive (already taken off the queue) with an error entry.
     fn fail_recv(&self, r: &PostedRecv, err: c_int, prov_errno: c_int) {
-        if let Some(cq) = &self.rx_cq {
-            cq.push(CqEntry {
-                ctx: r.ctx,
-                flags: op_flags::FI_RECV | op_flags::FI_MSG,
-                len: 0,
-                buf: 0,
-                err: Some(ErrInfo {
-                    err,
-                    prov_errno,
-                    olen: 0,
-                }),
-            });
-        }
+        let err = ErrInfo {
+            err,
+            prov_errno,
+            olen: 0,
+        };
+        self.complete_recv(r, 0, 0, Header::default(), Some(err));
     }
 
     fn flush(&mut self) {
@@ -618,22 +873,45 @@ impl EpState {
                 let d = u.data();
                 let mut data = [0u8; INLINE_CAPACITY];
                 data[..d.len()].copy_from_slice(d);
-                self.arrived(Arrived::Inline { data, len: d.len() });
+                let Some((hdr, start)) = self.header(u.peer, |_| Header::decode(d)) else {
+                    return;
+                };
+                let body = Body::Inline {
+                    data,
+                    start,
+                    end: d.len(),
+                };
+                self.arrived_or_part(Arrived {
+                    src: u.peer,
+                    hdr,
+                    body,
+                });
             }
             Message::DmaData(d) => {
                 self.last_rx = Instant::now();
                 let idx = (d.cookie & !BOUNCE_TAG) as usize;
+                let len = d.data.len as usize;
                 let ok = d.cookie & BOUNCE_TAG != 0
                     && self.bounces.get(idx) == Some(&d.data.offset)
-                    && (d.data.len as usize) <= self.max_msg;
-                if ok {
-                    self.arrived(Arrived::Bounce {
-                        idx,
-                        len: d.data.len as usize,
-                    });
-                } else {
+                    && len <= self.slot_len;
+                if !ok {
                     log::warn!("svnic provider: DMA-data into an unknown buffer ignored: {d:?}");
+                    return;
                 }
+                let Some((hdr, start)) = self.header(d.peer, |s| s.bounce_header(idx, len)) else {
+                    self.repost(idx);
+                    return;
+                };
+                let body = Body::Bounce {
+                    idx,
+                    start,
+                    len: len - start,
+                };
+                self.arrived_or_part(Arrived {
+                    src: d.peer,
+                    hdr,
+                    body,
+                });
             }
             Message::Completion(c) if c.cookie & PROBE_TAG != 0 => self.probe_done(c),
             Message::Completion(c) if c.cookie & BOUNCE_TAG != 0 => {
@@ -647,61 +925,324 @@ impl EpState {
         }
     }
 
+    /// The header of a message from `peer` and its length: none on a DGRAM endpoint, what `read`
+    /// finds on an RDM one (`None`, logged, if the message has none).
+    fn header(
+        &mut self,
+        peer: ChannelAddr,
+        read: impl FnOnce(&mut Self) -> Option<(Header, usize)>,
+    ) -> Option<(Header, usize)> {
+        if !self.rdm {
+            return Some((Header::default(), 0));
+        }
+        let found = read(self);
+        if found.is_none() {
+            log::warn!("svnic provider: message without RDM header from {peer} ignored");
+        }
+        found
+    }
+
+    /// The RDM header at the front of the `len` bytes in bounce buffer `idx`.
+    fn bounce_header(&mut self, idx: usize, len: usize) -> Option<(Header, usize)> {
+        let mut b = [0u8; rdm::HEADER_MAX];
+        let n = len.min(rdm::HEADER_MAX);
+        let off = *self.bounces.get(idx)?;
+        let read = self.channel.as_ref()?.read_data(off, &mut b[..n]);
+        if let Err(e) = read {
+            self.fail(&e);
+            return None;
+        }
+        Header::decode(&b[..n])
+    }
+
+    /// Posts bounce buffer `idx` in the channel again.
+    fn repost(&mut self, idx: usize) {
+        let Some(&offset) = self.bounces.get(idx) else {
+            return;
+        };
+        let buf = DataRef {
+            offset,
+            len: self.slot_len as u32,
+        };
+        let posted = match self.channel.as_mut() {
+            Some(ch) => ch.post_buffer(BOUNCE_TAG | idx as u64, buf),
+            None => return,
+        };
+        match posted {
+            Ok(true) => {}
+            Ok(false) => log::warn!("svnic provider: post ring full; bounce buffer {idx} lost"),
+            Err(e) => self.fail(&e),
+        }
+    }
+
+    /// Copies `len` bytes at `start` of bounce buffer `idx` into the application's segments
+    /// (as many as fit); the bytes copied.
+    fn copy_out(&mut self, idx: usize, start: usize, len: usize, segs: &Segments) -> usize {
+        let (Some(&off), Some(ch)) = (self.bounces.get(idx), self.channel.as_ref()) else {
+            return 0;
+        };
+        let mut done = 0;
+        let mut failed = None;
+        for &(base, seg) in segs {
+            if done == len {
+                break;
+            }
+            let n = seg.min(len - done);
+            if n == 0 {
+                continue;
+            }
+            // SAFETY: the segments are writable memory of n <= their length bytes (a posted
+            // receive's buffers, owned by the provider until their completion, or a Vec's).
+            let dst = unsafe { std::slice::from_raw_parts_mut(base as *mut u8, n) };
+            if let Err(e) = ch.read_data(off + (start + done) as u64, dst) {
+                failed = Some(e);
+                break;
+            }
+            done += n;
+        }
+        if let Some(e) = failed {
+            self.fail(&e);
+        }
+        done
+    }
+
+    /// A message's payload out of its buffer (a bounce buffer is posted again).
+    fn take_bytes(&mut self, body: Body) -> Vec<u8> {
+        match body {
+            Body::Inline { data, start, end } => data[start..end].to_vec(),
+            Body::Heap(v) => v,
+            Body::Bounce { idx, start, len } => {
+                let mut v = vec![0u8; len];
+                let segs = vec![(v.as_mut_ptr() as usize, len)];
+                let done = self.copy_out(idx, start, len, &segs);
+                v.truncate(done);
+                self.repost(idx);
+                v
+            }
+        }
+    }
+
+    fn arrived_or_part(&mut self, a: Arrived) {
+        if a.hdr.total.is_none() && a.hdr.offset.is_none() {
+            return self.arrived(a);
+        }
+        let src = a.src;
+        let bytes = self.take_bytes(a.body);
+        match (a.hdr.total, a.hdr.offset) {
+            (Some(total), _) => {
+                if let Some(old) = self.assembling.remove(&src) {
+                    self.abandon(old, src, "a new message began before it ended");
+                }
+                let hdr = Header {
+                    total: None,
+                    ..a.hdr
+                };
+                let sink = match self
+                    .recvs
+                    .iter()
+                    .position(|r| r.want.matches(&hdr, src))
+                    .and_then(|i| self.recvs.remove(i))
+                {
+                    Some(r) => Sink::Posted { r, copied: 0 },
+                    None => Sink::Heap(Vec::with_capacity(bytes.len())),
+                };
+                let m = Assembly {
+                    hdr,
+                    total: total as usize,
+                    got: 0,
+                    sink,
+                };
+                self.add_part(src, m, &bytes);
+            }
+            (None, Some(offset)) => match self.assembling.remove(&src) {
+                Some(m) if m.got as u64 == offset => self.add_part(src, m, &bytes),
+                Some(m) => self.abandon(m, src, "a part out of order (a retried send)"),
+                None => log::warn!("svnic provider: a part of an unknown message from {src}"),
+            },
+            _ => {}
+        }
+    }
+
+    /// Adds the next part's bytes to a message in parts; delivers it when complete.
+    fn add_part(&mut self, src: ChannelAddr, mut m: Assembly, bytes: &[u8]) {
+        match &mut m.sink {
+            // SAFETY: the application owns the posted buffers until their completion.
+            Sink::Posted { r, copied } => *copied += unsafe { scatter_at(&r.segs, m.got, bytes) },
+            Sink::Heap(v) => v.extend_from_slice(bytes),
+        }
+        m.got += bytes.len();
+        if m.got < m.total {
+            self.assembling.insert(src, m);
+            return;
+        }
+        match m.sink {
+            Sink::Posted { r, copied } => {
+                let cap = r.capacity();
+                let err = (m.total > cap).then(|| ErrInfo {
+                    err: FI_ETRUNC,
+                    prov_errno: PROV_TRUNCATED,
+                    olen: m.total - cap,
+                });
+                let first = r.segs.first().map_or(0, |s| s.0);
+                self.complete_recv(&r, copied, first, m.hdr, err);
+            }
+            Sink::Heap(v) => self.arrived(Arrived {
+                src,
+                hdr: m.hdr,
+                body: Body::Heap(v),
+            }),
+        }
+    }
+
+    /// Gives up a message in parts from `src`: its receive, if it has one, fails.
+    fn abandon(&mut self, m: Assembly, src: ChannelAddr, why: &str) {
+        log::warn!("svnic provider: message in parts from {src} abandoned: {why}");
+        if let Sink::Posted { r, .. } = m.sink {
+            self.fail_recv(&r, FI_EIO, PROV_PARTS);
+        }
+    }
+
     fn arrived(&mut self, a: Arrived) {
-        if let Some(r) = self.recvs.pop_front() {
-            self.deliver(r, a);
-        } else if matches!(a, Arrived::Bounce { .. }) || self.unexpected.len() < RX_SIZE {
-            self.unexpected.push_back(a);
-        } else {
-            self.dropped += 1;
-            log::debug!("svnic provider: inline message dropped (no receive posted)");
+        if let Some(i) = self
+            .recvs
+            .iter()
+            .position(|r| r.want.matches(&a.hdr, a.src))
+        {
+            if let Some(r) = self.recvs.remove(i) {
+                self.deliver(r, a);
+            }
+            return;
+        }
+        match a.body {
+            Body::Bounce { len, .. }
+                if self.rdm && self.unexpected_bytes + len <= UNEXPECTED_BYTES =>
+            {
+                // Copied out, so that the bounce buffer takes the next message.
+                let v = self.take_bytes(a.body);
+                self.unexpected_bytes += v.len();
+                self.unexpected.push_back(Arrived {
+                    body: Body::Heap(v),
+                    ..a
+                });
+            }
+            Body::Inline { .. } if !self.rdm && self.unexpected.len() >= RX_SIZE => {
+                self.dropped += 1;
+                log::debug!("svnic provider: inline message dropped (no receive posted)");
+            }
+            Body::Heap(ref v) => {
+                self.unexpected_bytes += v.len();
+                self.unexpected.push_back(a);
+            }
+            _ => self.unexpected.push_back(a),
+        }
+    }
+
+    /// Unexpected message `i`, out of the queue.
+    fn take_unexpected(&mut self, i: usize) -> Option<Arrived> {
+        let a = self.unexpected.remove(i)?;
+        if let Body::Heap(v) = &a.body {
+            self.unexpected_bytes -= v.len();
+        }
+        Some(a)
+    }
+
+    /// Drops a message taken out of the unexpected queue (its bounce buffer is posted again).
+    fn release(&mut self, a: Arrived) {
+        if let Body::Bounce { idx, .. } = a.body {
+            self.repost(idx);
+        }
+    }
+
+    /// `fi_trecvmsg` with `FI_PEEK` (and `FI_CLAIM` or `FI_DISCARD`), or with `FI_CLAIM` alone
+    /// (and `FI_DISCARD`).
+    /// A peek looks for the oldest matching unexpected message: none is an `FI_ENOMSG` error
+    /// entry; one is an entry with its length, tag and data, and the message stays queued,
+    /// or is set aside for the claim's context (`FI_CLAIM`), or dropped (`FI_DISCARD`). A claim
+    /// receives (or with `FI_DISCARD` drops) the message set aside for its context.
+    fn peek_or_claim(&mut self, r: PostedRecv, flags: u64) -> isize {
+        // What a peek found (or that it found nothing) is always reported.
+        let r = PostedRecv { report: true, ..r };
+        let (claim, discard) = (
+            flags & op_flags::FI_CLAIM != 0,
+            flags & op_flags::FI_DISCARD != 0,
+        );
+        if flags & op_flags::FI_PEEK == 0 {
+            let Some(a) = self.claimed.remove(&r.ctx) else {
+                return EINVAL;
+            };
+            if discard {
+                let hdr = a.hdr;
+                self.release(a);
+                self.complete_recv(&r, 0, 0, hdr, None);
+            } else {
+                self.deliver(r, a);
+            }
+            return 0;
+        }
+        self.progress();
+        let Some(i) = self
+            .unexpected
+            .iter()
+            .position(|a| r.want.matches(&a.hdr, a.src))
+        else {
+            self.fail_recv(&r, FI_ENOMSG, PROV_NO_MESSAGE);
+            return 0;
+        };
+        let (len, hdr) = (self.unexpected[i].body.len(), self.unexpected[i].hdr);
+        if claim || discard {
+            if let Some(a) = self.take_unexpected(i) {
+                if claim {
+                    if let Some(old) = self.claimed.insert(r.ctx, a) {
+                        self.release(old);
+                    }
+                } else {
+                    self.release(a);
+                }
+            }
+        }
+        self.complete_recv(&r, len, 0, hdr, None);
+        0
+    }
+
+    /// Writes the completion of receive `r`: `len` bytes at `buf`, the message's header `hdr`.
+    fn complete_recv(
+        &self,
+        r: &PostedRecv,
+        len: usize,
+        buf: usize,
+        hdr: Header,
+        err: Option<ErrInfo>,
+    ) {
+        if !r.report && err.is_none() {
+            return;
+        }
+        let data_flag = hdr.data.map_or(0, |_| op_flags::FI_REMOTE_CQ_DATA);
+        if let Some(cq) = &self.rx_cq {
+            cq.push(CqEntry {
+                ctx: r.ctx,
+                flags: op_flags::FI_RECV | r.op | data_flag,
+                len,
+                buf,
+                data: hdr.data.unwrap_or(0),
+                tag: hdr.tag.unwrap_or(0),
+                err,
+            });
         }
     }
 
     /// Copies an arrived message into a posted receive and writes its completion.
     fn deliver(&mut self, r: PostedRecv, a: Arrived) {
         let cap = r.capacity();
-        let (len, copied) = match a {
+        let len = a.body.len();
+        let copied = match &a.body {
             // SAFETY: the application owns the posted buffers until their completion.
-            Arrived::Inline { data, len } => (len, unsafe { scatter(&r.segs, &data[..len]) }),
-            Arrived::Bounce { idx, len } => {
-                let off = self.bounces[idx];
-                let mut done = 0;
-                let mut failed = None;
-                if let Some(ch) = self.channel.as_mut() {
-                    for &(base, seg) in &r.segs {
-                        if done == len {
-                            break;
-                        }
-                        let n = seg.min(len - done);
-                        if n == 0 {
-                            continue;
-                        }
-                        // SAFETY: the application owns the posted buffers until their
-                        // completion; n <= the segment's length.
-                        let dst = unsafe { std::slice::from_raw_parts_mut(base as *mut u8, n) };
-                        if let Err(e) = ch.read_data(off + done as u64, dst) {
-                            failed = Some(e);
-                            break;
-                        }
-                        done += n;
-                    }
-                    let buf = DataRef {
-                        offset: off,
-                        len: self.max_msg as u32,
-                    };
-                    match ch.post_buffer(BOUNCE_TAG | idx as u64, buf) {
-                        Ok(true) => {}
-                        Ok(false) => {
-                            log::warn!("svnic provider: post ring full; bounce buffer {idx} lost")
-                        }
-                        Err(e) => failed = Some(e),
-                    }
-                }
-                if let Some(e) = failed {
-                    self.fail(&e);
-                }
-                (len, done)
+            Body::Inline { data, start, end } => unsafe { scatter(&r.segs, &data[*start..*end]) },
+            // SAFETY: as above.
+            Body::Heap(v) => unsafe { scatter(&r.segs, v) },
+            &Body::Bounce { idx, start, len } => {
+                let done = self.copy_out(idx, start, len, &r.segs);
+                self.repost(idx);
+                done
             }
         };
         let first = r.segs.first().map_or(0, |s| s.0);
@@ -710,34 +1251,21 @@ impl EpState {
             prov_errno: PROV_TRUNCATED,
             olen: len - cap,
         });
-        if r.report || err.is_some() {
-            if let Some(cq) = &self.rx_cq {
-                cq.push(CqEntry {
-                    ctx: r.ctx,
-                    flags: op_flags::FI_RECV | op_flags::FI_MSG,
-                    len: copied,
-                    buf: first,
-                    err,
-                });
-            }
-        }
+        self.complete_recv(&r, copied, first, a.hdr, err);
     }
 
-    fn send(
-        &mut self,
-        data: &[u8],
-        dest: u64,
-        ctx: usize,
-        report: Option<bool>,
-        inject: bool,
-    ) -> Result<(), c_int> {
+    /// Sends `data` (the RDM header and the payload) as `op` says.
+    fn send(&mut self, data: &[u8], op: &SendOp) -> Result<(), c_int> {
         self.ready()?;
-        if data.len() > self.max_msg {
-            return Err(FI_EMSGSIZE);
+        if data.len() > self.slot_len {
+            return match self.rdm {
+                true => self.send_parts(data, op),
+                false => Err(FI_EMSGSIZE),
+            };
         }
         let av = self.av.as_ref().ok_or(FI_ENOAV)?;
-        let peer = av.get(dest).ok_or(FI_EINVAL)?;
-        if !inject && self.tx_cq.is_none() {
+        let peer = av.get(op.dest).ok_or(FI_EINVAL)?;
+        if !op.inject && self.tx_cq.is_none() {
             return Err(FI_ENOCQ);
         }
         if self.pending.len() >= TX_SIZE {
@@ -765,12 +1293,14 @@ impl EpState {
         };
         let cookie = self.next_cookie;
         self.next_cookie = (self.next_cookie + 1) & !(BOUNCE_TAG | PROBE_TAG);
-        let report =
-            report.unwrap_or(!self.tx_selective || self.tx_op_flags & op_flags::FI_COMPLETION != 0);
+        let selective = self.tx_selective;
+        let report = reports(op.report, selective, self.tx_op_flags);
         let p = PendingSend {
-            ctx,
+            ctx: op.ctx,
             report,
-            inject,
+            inject: op.inject,
+            op: op_kind(op.hdr.tag),
+            group: None,
             dest: peer,
             payload,
             retries: 0,
@@ -796,6 +1326,92 @@ impl EpState {
                 Err(FI_EIO)
             }
         }
+    }
+
+    /// Sends `data` (the RDM header and a payload longer than a bounce buffer) in parts of
+    /// `part_len` bytes, back to back: only when a staging slot and a TX ring slot are free for
+    /// every part (else `FI_EAGAIN`), and with one completion for the whole message.
+    fn send_parts(&mut self, data: &[u8], op: &SendOp) -> Result<(), c_int> {
+        let (hdr, n) = Header::decode(data).ok_or(FI_EOTHER)?;
+        let payload = &data[n..];
+        let av = self.av.as_ref().ok_or(FI_ENOAV)?;
+        let peer = av.get(op.dest).ok_or(FI_EINVAL)?;
+        if self.tx_cq.is_none() {
+            return Err(FI_ENOCQ);
+        }
+        let count = payload.len().div_ceil(self.part_len);
+        let room = |s: &mut EpState| {
+            let ring = s.channel.as_mut().map_or(0, |ch| ch.tx_free().unwrap_or(0)) as usize;
+            s.staging_free.len() >= count && ring >= count && s.pending.len() + count <= TX_SIZE
+        };
+        if !room(self) {
+            self.progress();
+            if !room(self) {
+                return Err(FI_EAGAIN);
+            }
+        }
+        let group = self.next_group;
+        self.next_group += 1;
+        self.groups.insert(
+            group,
+            Group {
+                remaining: count,
+                err: None,
+            },
+        );
+        let selective = self.tx_selective;
+        let report = reports(op.report, selective, self.tx_op_flags);
+        for (k, chunk) in payload.chunks(self.part_len).enumerate() {
+            let h = match k {
+                0 => Header {
+                    total: Some(payload.len() as u64),
+                    ..hdr
+                },
+                _ => Header {
+                    offset: Some((k * self.part_len) as u64),
+                    ..Header::default()
+                },
+            };
+            let (b, m) = h.encode();
+            let mut part = Vec::with_capacity(m + chunk.len());
+            part.extend_from_slice(&b[..m]);
+            part.extend_from_slice(chunk);
+            let slot = self.staging_free.pop().ok_or(FI_EAGAIN)?;
+            let written = self.channel.as_ref().map(|ch| ch.write_data(slot, &part));
+            if let Some(Err(e)) = written {
+                self.staging_free.push(slot);
+                self.fail(&e);
+                return Err(FI_EIO);
+            }
+            let cookie = self.next_cookie;
+            self.next_cookie = (self.next_cookie + 1) & !(BOUNCE_TAG | PROBE_TAG);
+            let p = PendingSend {
+                ctx: op.ctx,
+                report,
+                inject: false,
+                op: op_kind(hdr.tag),
+                group: Some(group),
+                dest: peer,
+                payload: Payload::Staged(slot, part.len()),
+                retries: 0,
+            };
+            match self.transmit(cookie, &p) {
+                Ok(true) => {}
+                // Checked above; should the ring fill anyway, the part goes with the retries.
+                Ok(false) => self.deferred.push_back(cookie),
+                Err(e) => {
+                    self.pending.insert(cookie, p);
+                    self.fail(&e);
+                    return Err(FI_EIO);
+                }
+            }
+            self.pending.insert(cookie, p);
+        }
+        if self.peers.len() < MAX_PEERS {
+            self.peers.entry(peer).or_insert(None);
+        }
+        self.flush();
+        Ok(())
     }
 
     /// Queues one send (again) in the TX ring; `Ok(false)` when the ring is full.
@@ -853,6 +1469,20 @@ impl EpState {
         if let Payload::Staged(slot, _) = p.payload {
             self.staging_free.push(slot);
         }
+        let mut err = err;
+        if let Some(id) = p.group {
+            // One completion for a message in parts: when its last part is done.
+            let Some(g) = self.groups.get_mut(&id) else {
+                return;
+            };
+            g.remaining -= 1;
+            g.err = g.err.or(err);
+            if g.remaining > 0 {
+                return;
+            }
+            err = g.err;
+            self.groups.remove(&id);
+        }
         if p.inject {
             if let Some(e) = err {
                 log::info!(
@@ -869,9 +1499,11 @@ impl EpState {
         if let Some(cq) = &self.tx_cq {
             cq.push(CqEntry {
                 ctx: p.ctx,
-                flags: op_flags::FI_SEND | op_flags::FI_MSG,
+                flags: op_flags::FI_SEND | p.op,
                 len: 0,
                 buf: 0,
+                data: 0,
+                tag: 0,
                 err,
             });
         }
@@ -921,7 +1553,12 @@ impl EpState {
         for p in pending {
             self.finish(p, eio);
         }
-        let recvs: Vec<PostedRecv> = self.recvs.drain(..).collect();
+        let mut recvs: Vec<PostedRecv> = self.recvs.drain(..).collect();
+        for (_, m) in self.assembling.drain() {
+            if let Sink::Posted { r, .. } = m.sink {
+                recvs.push(r);
+            }
+        }
         for r in &recvs {
             self.fail_recv(r, FI_EIO, PROV_CHANNEL_FAILED);
         }
@@ -946,7 +1583,7 @@ impl EpState {
         for (idx, &offset) in self.bounces.iter().enumerate() {
             let buf = DataRef {
                 offset,
-                len: self.max_msg as u32,
+                len: self.slot_len as u32,
             };
             match ch.post_buffer(BOUNCE_TAG | idx as u64, buf) {
                 Ok(true) => {}
@@ -1186,42 +1823,67 @@ unsafe extern "C" fn ep_tx_size_left(e: *mut FidEp) -> isize {
     })
 }
 
-fn do_recv(
-    e: *mut FidEp,
-    segs: Result<Segments, c_int>,
-    ctx: *mut c_void,
-    report: Option<bool>,
-) -> isize {
+fn do_recv(e: *mut FidEp, segs: Result<Segments, c_int>, op: RecvOp) -> isize {
     // SAFETY: recognised before use.
     let Some(e) = (unsafe { object_of::<SvnicEp>(e) }) else {
         return EINVAL;
     };
     match segs {
-        Ok(segs) => e.inner.recv(segs, ctx as usize, report),
+        Ok(segs) => e.inner.recv(op, segs),
         Err(err) => -(err as isize),
     }
 }
 
-fn do_send(
-    e: *mut FidEp,
-    segs: Result<Segments, c_int>,
-    dest: u64,
-    ctx: *mut c_void,
-    report: Option<bool>,
-    inject: bool,
-) -> isize {
+fn do_send(e: *mut FidEp, segs: Result<Segments, c_int>, op: SendOp) -> isize {
     // SAFETY: recognised before use.
     let Some(e) = (unsafe { object_of::<SvnicEp>(e) }) else {
         return EINVAL;
     };
-    // Checked before anything is copied or allocated.
-    let max = if inject { INJECT_SIZE } else { e.inner.max_msg };
-    // SAFETY: the segments were built from the application's buffers, readable for the call.
-    let data = match segs.and_then(|s| unsafe { gather(&s, max) }) {
-        Ok(d) => d,
-        Err(err) => return -(err as isize),
-    };
-    e.inner.send(&data, dest, ctx as usize, report, inject)
+    match segs {
+        Ok(segs) => e.inner.send(op, segs),
+        Err(err) => -(err as isize),
+    }
+}
+
+/// The flags a `*msg` send call accepts on this endpoint.
+fn send_flags(e: *mut FidEp) -> u64 {
+    // SAFETY: recognised before use.
+    match unsafe { object_of::<SvnicEp>(e) } {
+        Some(e) if e.inner.rdm => SEND_FLAGS | RDM_SEND_FLAGS,
+        _ => SEND_FLAGS,
+    }
+}
+
+fn recv_op(ctx: *mut c_void, src: u64, tag: Option<(u64, u64)>) -> RecvOp {
+    RecvOp {
+        ctx: ctx as usize,
+        flags: 0,
+        report: None,
+        src,
+        tag,
+    }
+}
+
+fn send_op(dest: u64, ctx: *mut c_void, tag: Option<u64>, data: Option<u64>) -> SendOp {
+    SendOp {
+        dest,
+        ctx: ctx as usize,
+        report: None,
+        inject: false,
+        hdr: Header {
+            tag,
+            data,
+            ..Header::default()
+        },
+    }
+}
+
+fn inject_op(dest: u64, tag: Option<u64>, data: Option<u64>) -> SendOp {
+    SendOp {
+        report: Some(false),
+        inject: true,
+        ..send_op(dest, std::ptr::null_mut(), tag, data)
+    }
 }
 
 unsafe extern "C" fn ep_recv(
@@ -1229,10 +1891,12 @@ unsafe extern "C" fn ep_recv(
     buf: *mut c_void,
     len: usize,
     _desc: *mut c_void,
-    _src: u64,
+    src: u64,
     ctx: *mut c_void,
 ) -> isize {
-    guard("fi_recv", || do_recv(e, one_segment(buf, len), ctx, None))
+    guard("fi_recv", || {
+        do_recv(e, one_segment(buf, len), recv_op(ctx, src, None))
+    })
 }
 
 unsafe extern "C" fn ep_recvv(
@@ -1240,25 +1904,50 @@ unsafe extern "C" fn ep_recvv(
     iov: *const libc::iovec,
     _desc: *mut *mut c_void,
     count: usize,
-    _src: u64,
+    src: u64,
     ctx: *mut c_void,
 ) -> isize {
     guard("fi_recvv", || {
         // SAFETY: the application's iovec array of `count` entries.
-        do_recv(e, unsafe { segments(iov, count) }, ctx, None)
+        let segs = unsafe { segments(iov, count) };
+        do_recv(e, segs, recv_op(ctx, src, None))
     })
 }
 
-/// The parts of an `fi_msg` that `fi_recvmsg`/`fi_sendmsg` use, checked: `msg` non-NULL,
-/// `flags` within `allowed`.
+/// The parts of an `fi_msg` or `fi_msg_tagged` that the `*msg` calls use, checked: `flags`
+/// within `allowed`.
 struct MsgParts {
     segs: Result<Segments, c_int>,
     addr: u64,
     context: *mut c_void,
+    /// The tag and ignore bits (0 for an `fi_msg`).
+    tag: u64,
+    ignore: u64,
+    /// `FI_COMPLETION` of the flags.
     report: Option<bool>,
+    /// Remote CQ data, with `FI_REMOTE_CQ_DATA`.
+    data: Option<u64>,
 }
 
+/// An `fi_msg` (NULL is `-FI_EINVAL`) as its parts.
 fn unpack(msg: *const FiMsg, flags: u64, allowed: u64) -> Result<MsgParts, isize> {
+    // SAFETY: NULL or the application's message.
+    let m = unsafe { msg.as_ref() }.ok_or(EINVAL)?;
+    let t = FiMsgTagged {
+        msg_iov: m.msg_iov,
+        desc: m.desc,
+        iov_count: m.iov_count,
+        addr: m.addr,
+        tag: 0,
+        ignore: 0,
+        context: m.context,
+        data: m.data,
+    };
+    unpack_tagged(&t, flags, allowed)
+}
+
+/// An `fi_msg_tagged` (NULL is `-FI_EINVAL`) as its parts.
+fn unpack_tagged(msg: *const FiMsgTagged, flags: u64, allowed: u64) -> Result<MsgParts, isize> {
     // SAFETY: NULL or the application's message.
     let m = unsafe { msg.as_ref() }.ok_or(EINVAL)?;
     if flags & !allowed != 0 {
@@ -1269,13 +1958,23 @@ fn unpack(msg: *const FiMsg, flags: u64, allowed: u64) -> Result<MsgParts, isize
         segs: unsafe { segments(m.msg_iov, m.iov_count) },
         addr: m.addr,
         context: m.context,
-        report: (flags & op_flags::FI_COMPLETION != 0).then_some(true),
+        tag: m.tag,
+        ignore: m.ignore,
+        report: Some(flags & op_flags::FI_COMPLETION != 0),
+        data: (flags & op_flags::FI_REMOTE_CQ_DATA != 0).then_some(m.data),
     })
 }
 
 unsafe extern "C" fn ep_recvmsg(e: *mut FidEp, msg: *const FiMsg, flags: u64) -> isize {
     guard("fi_recvmsg", || match unpack(msg, flags, RECV_FLAGS) {
-        Ok(m) => do_recv(e, m.segs, m.context, m.report),
+        Ok(p) => do_recv(
+            e,
+            p.segs,
+            RecvOp {
+                report: p.report,
+                ..recv_op(p.context, p.addr, None)
+            },
+        ),
         Err(r) => r,
     })
 }
@@ -1289,7 +1988,7 @@ unsafe extern "C" fn ep_send(
     ctx: *mut c_void,
 ) -> isize {
     guard("fi_send", || {
-        do_send(e, one_segment(buf, len), dest, ctx, None, false)
+        do_send(e, one_segment(buf, len), send_op(dest, ctx, None, None))
     })
 }
 
@@ -1303,26 +2002,206 @@ unsafe extern "C" fn ep_sendv(
 ) -> isize {
     guard("fi_sendv", || {
         // SAFETY: the application's iovec array of `count` entries.
-        do_send(e, unsafe { segments(iov, count) }, dest, ctx, None, false)
+        let segs = unsafe { segments(iov, count) };
+        do_send(e, segs, send_op(dest, ctx, None, None))
     })
 }
 
 unsafe extern "C" fn ep_sendmsg(e: *mut FidEp, msg: *const FiMsg, flags: u64) -> isize {
-    guard("fi_sendmsg", || match unpack(msg, flags, SEND_FLAGS) {
-        Ok(m) => do_send(e, m.segs, m.addr, m.context, m.report, false),
-        Err(r) => r,
+    guard("fi_sendmsg", || {
+        match unpack(msg, flags & !op_flags::FI_TAGGED, send_flags(e)) {
+            Ok(p) => do_send(
+                e,
+                p.segs,
+                SendOp {
+                    report: p.report,
+                    ..send_op(p.addr, p.context, None, p.data)
+                },
+            ),
+            Err(r) => r,
+        }
     })
 }
 
 unsafe extern "C" fn ep_inject(e: *mut FidEp, buf: *const c_void, len: usize, dest: u64) -> isize {
     guard("fi_inject", || {
+        do_send(e, one_segment(buf, len), inject_op(dest, None, None))
+    })
+}
+
+unsafe extern "C" fn ep_senddata(
+    e: *mut FidEp,
+    buf: *const c_void,
+    len: usize,
+    _desc: *mut c_void,
+    data: u64,
+    dest: u64,
+    ctx: *mut c_void,
+) -> isize {
+    guard("fi_senddata", || {
         do_send(
             e,
             one_segment(buf, len),
-            dest,
-            std::ptr::null_mut(),
-            Some(false),
-            true,
+            send_op(dest, ctx, None, Some(data)),
+        )
+    })
+}
+
+unsafe extern "C" fn ep_injectdata(
+    e: *mut FidEp,
+    buf: *const c_void,
+    len: usize,
+    data: u64,
+    dest: u64,
+) -> isize {
+    guard("fi_injectdata", || {
+        do_send(e, one_segment(buf, len), inject_op(dest, None, Some(data)))
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn ep_trecv(
+    e: *mut FidEp,
+    buf: *mut c_void,
+    len: usize,
+    _desc: *mut c_void,
+    src: u64,
+    tag: u64,
+    ignore: u64,
+    ctx: *mut c_void,
+) -> isize {
+    guard("fi_trecv", || {
+        let op = recv_op(ctx, src, Some((tag, ignore)));
+        do_recv(e, one_segment(buf, len), op)
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn ep_trecvv(
+    e: *mut FidEp,
+    iov: *const libc::iovec,
+    _desc: *mut *mut c_void,
+    count: usize,
+    src: u64,
+    tag: u64,
+    ignore: u64,
+    ctx: *mut c_void,
+) -> isize {
+    guard("fi_trecvv", || {
+        // SAFETY: the application's iovec array of `count` entries.
+        let segs = unsafe { segments(iov, count) };
+        do_recv(e, segs, recv_op(ctx, src, Some((tag, ignore))))
+    })
+}
+
+unsafe extern "C" fn ep_trecvmsg(e: *mut FidEp, msg: *const FiMsgTagged, flags: u64) -> isize {
+    let allowed = RECV_FLAGS | op_flags::FI_TAGGED | PEEK_FLAGS;
+    guard("fi_trecvmsg", || match unpack_tagged(msg, flags, allowed) {
+        Ok(p) => do_recv(
+            e,
+            p.segs,
+            RecvOp {
+                report: p.report,
+                flags: flags & PEEK_FLAGS,
+                ..recv_op(p.context, p.addr, Some((p.tag, p.ignore)))
+            },
+        ),
+        Err(r) => r,
+    })
+}
+
+unsafe extern "C" fn ep_tsend(
+    e: *mut FidEp,
+    buf: *const c_void,
+    len: usize,
+    _desc: *mut c_void,
+    dest: u64,
+    tag: u64,
+    ctx: *mut c_void,
+) -> isize {
+    guard("fi_tsend", || {
+        do_send(
+            e,
+            one_segment(buf, len),
+            send_op(dest, ctx, Some(tag), None),
+        )
+    })
+}
+
+unsafe extern "C" fn ep_tsendv(
+    e: *mut FidEp,
+    iov: *const libc::iovec,
+    _desc: *mut *mut c_void,
+    count: usize,
+    dest: u64,
+    tag: u64,
+    ctx: *mut c_void,
+) -> isize {
+    guard("fi_tsendv", || {
+        // SAFETY: the application's iovec array of `count` entries.
+        let segs = unsafe { segments(iov, count) };
+        do_send(e, segs, send_op(dest, ctx, Some(tag), None))
+    })
+}
+
+unsafe extern "C" fn ep_tsendmsg(e: *mut FidEp, msg: *const FiMsgTagged, flags: u64) -> isize {
+    guard("fi_tsendmsg", || {
+        match unpack_tagged(msg, flags, SEND_FLAGS | RDM_SEND_FLAGS) {
+            Ok(p) => do_send(
+                e,
+                p.segs,
+                SendOp {
+                    report: p.report,
+                    ..send_op(p.addr, p.context, Some(p.tag), p.data)
+                },
+            ),
+            Err(r) => r,
+        }
+    })
+}
+
+unsafe extern "C" fn ep_tinject(
+    e: *mut FidEp,
+    buf: *const c_void,
+    len: usize,
+    dest: u64,
+    tag: u64,
+) -> isize {
+    guard("fi_tinject", || {
+        do_send(e, one_segment(buf, len), inject_op(dest, Some(tag), None))
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn ep_tsenddata(
+    e: *mut FidEp,
+    buf: *const c_void,
+    len: usize,
+    _desc: *mut c_void,
+    data: u64,
+    dest: u64,
+    tag: u64,
+    ctx: *mut c_void,
+) -> isize {
+    guard("fi_tsenddata", || {
+        let op = send_op(dest, ctx, Some(tag), Some(data));
+        do_send(e, one_segment(buf, len), op)
+    })
+}
+
+unsafe extern "C" fn ep_tinjectdata(
+    e: *mut FidEp,
+    buf: *const c_void,
+    len: usize,
+    data: u64,
+    dest: u64,
+    tag: u64,
+) -> isize {
+    guard("fi_tinjectdata", || {
+        do_send(
+            e,
+            one_segment(buf, len),
+            inject_op(dest, Some(tag), Some(data)),
         )
     })
 }

@@ -15,6 +15,10 @@ pub const PROV_CHANNEL_FAILED: c_int = 1000;
 pub const PROV_TRUNCATED: c_int = 1001;
 /// `prov_errno` of a cancelled receive.
 pub const PROV_CANCELED: c_int = 1002;
+/// `prov_errno` of an `FI_PEEK` that found no message.
+pub const PROV_NO_MESSAGE: c_int = 1003;
+/// `prov_errno` of a receive whose message in parts arrived incomplete or out of order.
+pub const PROV_PARTS: c_int = 1004;
 
 /// What a send that completed with `status` reports: `None` for success, else the errno.
 /// `NoBuffer` and `RingFull` are only reported after the provider's own retries (see ep.rs).
@@ -64,6 +68,8 @@ pub fn prov_strerror(prov_errno: c_int) -> &'static CStr {
         PROV_CHANNEL_FAILED => c"svnic: the endpoint's channel failed",
         PROV_TRUNCATED => c"svnic: message larger than the posted receive (truncated)",
         PROV_CANCELED => c"svnic: receive cancelled",
+        PROV_NO_MESSAGE => c"svnic: no matching message (peek)",
+        PROV_PARTS => c"svnic: parts of the message missing or out of order",
         0 => c"svnic: delivered",
         1 => c"svnic: no route to destination",
         2 => c"svnic: destination channel gone",

@@ -18,6 +18,10 @@ use crate::{guard, put, API_VERSION};
 /// The capabilities of the DGRAM core.
 pub const CAPS: u64 =
     caps::FI_MSG | caps::FI_SEND | caps::FI_RECV | caps::FI_LOCAL_COMM | caps::FI_REMOTE_COMM;
+/// The capabilities of the RDM endpoint.
+pub const RDM_CAPS: u64 = CAPS | caps::FI_TAGGED | caps::FI_DIRECTED_RECV;
+/// `domain_attr->cq_data_size` of the RDM endpoint (remote CQ data in its header).
+pub const RDM_CQ_DATA_SIZE: usize = 8;
 /// `ep_attr->protocol`: provider specific, svnic channels.
 pub const PROTOCOL: u32 = FI_PROV_SPECIFIC | 1;
 /// `ep_attr->protocol` of the entries given to a utility provider that layers on the DGRAM core
@@ -73,7 +77,11 @@ fn no_match(why: &str) -> Result<*mut FiInfo, c_int> {
     Err(FI_ENODATA)
 }
 
-/// `fi_getinfo` as the provider answers it: a one-entry list, or a positive errno.
+/// `fi_getinfo` as the provider answers it: the RDM entry then the DGRAM one (those the hints
+/// match), or a positive errno. A utility provider (ofi_rxd, which asks with
+/// [`OFI_CORE_PROV_ONLY`]) gets the DGRAM entry only with `FI_SVNIC_RXD=1`: libfabric 1.17 lists
+/// built-in providers before external ones, so `svnic;ofi_rxd` would come before the native RDM
+/// entry and be what `fi_pingpong -p svnic -e rdm` and Open MPI take.
 ///
 /// # Safety
 /// `hints`, if present, must be a valid `fi_info` whose non-NULL pointers are valid.
@@ -91,21 +99,56 @@ pub unsafe fn getinfo(
         return no_match("node/service given (svnic addresses come from fi_getname)");
     }
     let cfg = Config::from_env();
-    let mut out = Defaults::new(&cfg);
-    if flags & OFI_CORE_PROV_ONLY != 0 {
-        out.protocol = PROTOCOL_LAYERED;
+    let layered = flags & OFI_CORE_PROV_ONLY != 0;
+    if layered && !cfg.rxd {
+        return no_match("a utility provider (FI_SVNIC_RXD=1 offers the DGRAM core to ofi_rxd)");
     }
-    if let Some(h) = hints {
-        // SAFETY: the caller guarantees the hints' pointers.
-        if let Err(why) = unsafe { out.apply_hints(h) } {
-            return no_match(why);
+    let types: &[c_int] = if layered {
+        &[FI_EP_DGRAM]
+    } else {
+        &[FI_EP_RDM, FI_EP_DGRAM]
+    };
+    let mut entries = Vec::with_capacity(types.len());
+    let mut why = "";
+    for &t in types {
+        let mut out = Defaults::new(&cfg, t);
+        if layered {
+            out.protocol = PROTOCOL_LAYERED;
+        }
+        if let Some(h) = hints {
+            // SAFETY: the caller guarantees the hints' pointers.
+            if let Err(w) = unsafe { out.apply_hints(h) } {
+                why = w;
+                continue;
+            }
+        }
+        entries.push(out);
+    }
+    if entries.is_empty() {
+        return no_match(why);
+    }
+    let mut list: *mut FiInfo = std::ptr::null_mut();
+    for out in entries.iter().rev() {
+        match out.build() {
+            Ok(i) => {
+                // SAFETY: `i` is the fresh entry just built, not yet shared.
+                unsafe { (*i).next = list };
+                list = i;
+            }
+            Err(e) => {
+                // SAFETY: built by this function, with libc only.
+                unsafe { free_info(list) };
+                return Err(e);
+            }
         }
     }
-    out.build()
+    Ok(list)
 }
 
 /// The attributes of the one entry, tailored to the hints before it is allocated.
 struct Defaults {
+    /// `FI_EP_RDM` or `FI_EP_DGRAM`.
+    ep_type: c_int,
     caps: u64,
     /// [`PROTOCOL`], or [`PROTOCOL_LAYERED`] for a utility provider.
     protocol: u32,
@@ -154,11 +197,14 @@ unsafe fn hint_addr(p: *const u8, len: usize) -> Result<Option<[u8; ADDR_LEN]>, 
 }
 
 impl Defaults {
-    fn new(cfg: &Config) -> Defaults {
+    fn new(cfg: &Config, ep_type: c_int) -> Defaults {
+        let rdm = ep_type == FI_EP_RDM;
         Defaults {
-            caps: CAPS,
+            ep_type,
+            caps: if rdm { RDM_CAPS } else { CAPS },
             protocol: PROTOCOL,
-            max_msg_size: cfg.max_msg_size,
+            // An RDM message may travel in parts of a bounce buffer each.
+            max_msg_size: cfg.max_msg_size * if rdm { crate::rdm::MAX_PARTS } else { 1 },
             av_type: FI_AV_UNSPEC,
             threading: FI_THREAD_SAFE,
             tx_op_flags: 0,
@@ -167,7 +213,11 @@ impl Defaults {
             rx_size: RX_SIZE,
             tx_iov: IOV_LIMIT,
             rx_iov: IOV_LIMIT,
-            inject_size: INJECT_SIZE,
+            inject_size: if rdm {
+                INJECT_SIZE - crate::rdm::HEADER_MAX
+            } else {
+                INJECT_SIZE
+            },
             src_addr: None,
             dest_addr: None,
         }
@@ -180,8 +230,12 @@ impl Defaults {
     /// # Safety
     /// Every non-NULL pointer of `h` must be valid.
     unsafe fn apply_hints(&mut self, h: &FiInfo) -> Result<(), &'static str> {
-        if h.caps & !CAPS != 0 {
-            return Err("capabilities svnic does not offer");
+        if h.caps & !self.caps != 0 {
+            return Err("capabilities svnic does not offer (for this endpoint type)");
+        }
+        if h.caps != 0 && h.caps & caps::FI_DIRECTED_RECV == 0 {
+            // Receives ignore their source address unless the application asks.
+            self.caps &= !caps::FI_DIRECTED_RECV;
         }
         if h.addr_format != FI_FORMAT_UNSPEC {
             return Err("address format other than FI_FORMAT_UNSPEC");
@@ -206,8 +260,8 @@ impl Defaults {
             if d.data_progress == FI_PROGRESS_AUTO {
                 return Err("automatic data progress (svnic progresses in CQ reads)");
             }
-            if d.cq_data_size > 0 {
-                return Err("remote CQ data");
+            if d.cq_data_size > self.cq_data_size() {
+                return Err("remote CQ data (larger than the endpoint type offers)");
             }
             match d.av_type {
                 FI_AV_UNSPEC => {}
@@ -220,8 +274,8 @@ impl Defaults {
         }
         // SAFETY: NULL or valid, per the caller.
         if let Some(e) = unsafe { h.ep_attr.as_ref() } {
-            if e.type_ != FI_EP_UNSPEC && e.type_ != FI_EP_DGRAM {
-                return Err("endpoint type other than FI_EP_DGRAM");
+            if e.type_ != FI_EP_UNSPEC && e.type_ != self.ep_type {
+                return Err("another endpoint type");
             }
             if e.max_msg_size > self.max_msg_size {
                 return Err("max_msg_size above FI_SVNIC_MAX_MSG_SIZE");
@@ -257,6 +311,18 @@ impl Defaults {
         Ok(())
     }
 
+    fn rdm(&self) -> bool {
+        self.ep_type == FI_EP_RDM
+    }
+
+    fn cq_data_size(&self) -> usize {
+        if self.rdm() {
+            RDM_CQ_DATA_SIZE
+        } else {
+            0
+        }
+    }
+
     /// Allocates the entry (all with libc); on failure frees what was allocated.
     fn build(&self) -> Result<*mut FiInfo, c_int> {
         let info: *mut FiInfo = calloc()?;
@@ -290,20 +356,27 @@ impl Defaults {
         }
         // SAFETY: a C attribute struct (integers and pointers).
         let tx = unsafe { calloc_into(&mut i.tx_attr) }?;
-        tx.caps = caps::FI_MSG | caps::FI_SEND;
+        let order = if self.rdm() { FI_ORDER_SAS } else { 0 };
+        tx.caps = self.caps & (caps::FI_MSG | caps::FI_TAGGED | caps::FI_SEND);
+        tx.msg_order = order;
         tx.op_flags = self.tx_op_flags;
         tx.inject_size = self.inject_size;
         tx.size = self.tx_size;
         tx.iov_limit = self.tx_iov;
         // SAFETY: a C attribute struct (integers and pointers).
         let rx = unsafe { calloc_into(&mut i.rx_attr) }?;
-        rx.caps = caps::FI_MSG | caps::FI_RECV;
+        rx.caps =
+            self.caps & (caps::FI_MSG | caps::FI_TAGGED | caps::FI_RECV | caps::FI_DIRECTED_RECV);
+        rx.msg_order = order;
         rx.op_flags = self.rx_op_flags;
         rx.size = self.rx_size;
         rx.iov_limit = self.rx_iov;
         // SAFETY: a C attribute struct (integers and pointers).
         let ep = unsafe { calloc_into(&mut i.ep_attr) }?;
-        ep.type_ = FI_EP_DGRAM;
+        ep.type_ = self.ep_type;
+        if self.rdm() {
+            ep.mem_tag_format = FI_TAG_GENERIC;
+        }
         ep.protocol = self.protocol;
         ep.protocol_version = PROTOCOL_VERSION;
         ep.max_msg_size = self.max_msg_size;
@@ -318,6 +391,7 @@ impl Defaults {
         d.resource_mgmt = FI_RM_ENABLED;
         d.av_type = self.av_type;
         d.mr_mode = 0;
+        d.cq_data_size = self.cq_data_size();
         d.mr_key_size = 8;
         d.cq_cnt = 256;
         d.ep_cnt = 64;

@@ -58,6 +58,7 @@ pub mod errors;
 pub mod fabric;
 pub mod ffi;
 pub mod info;
+pub mod rdm;
 pub mod wait;
 
 use std::cell::UnsafeCell;

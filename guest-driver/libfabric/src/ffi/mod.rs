@@ -109,6 +109,7 @@ pub mod caps {
     pub const FI_TAGGED: u64 = 1 << 3;
     pub const FI_RECV: u64 = 1 << 10;
     pub const FI_SEND: u64 = 1 << 11;
+    pub const FI_DIRECTED_RECV: u64 = 1 << 59;
     pub const FI_LOCAL_COMM: u64 = 1 << 51;
     pub const FI_REMOTE_COMM: u64 = 1 << 52;
 }
@@ -116,11 +117,18 @@ pub mod caps {
 /// Operation flags (send/recv `flags`, completion entry `flags`) and bind flags.
 pub mod op_flags {
     pub const FI_MSG: u64 = 1 << 1;
+    pub const FI_TAGGED: u64 = 1 << 3;
     pub const FI_RECV: u64 = 1 << 10;
     pub const FI_SEND: u64 = 1 << 11;
     pub const FI_TRANSMIT: u64 = FI_SEND;
     pub const FI_REMOTE_CQ_DATA: u64 = 1 << 17;
     pub const FI_MORE: u64 = 1 << 18;
+    pub const FI_PEEK: u64 = 1 << 19;
+    /// With `FI_PEEK`: take the message found out of matching for a later `FI_CLAIM` receive; on a
+    /// receive: the message claimed with the same context (the same bit as `FI_SELECTIVE_COMPLETION`).
+    pub const FI_CLAIM: u64 = 1 << 59;
+    /// With `FI_PEEK` or `FI_CLAIM`: drop the message instead of receiving it.
+    pub const FI_DISCARD: u64 = 1 << 58;
     pub const FI_COMPLETION: u64 = 1 << 24;
     pub const FI_INJECT: u64 = 1 << 25;
     pub const FI_INJECT_COMPLETE: u64 = 1 << 26;
@@ -140,6 +148,11 @@ pub const FI_PROV_SPECIFIC: u32 = 1 << 31;
 
 pub const FI_EP_UNSPEC: c_int = 0;
 pub const FI_EP_DGRAM: c_int = 2;
+pub const FI_EP_RDM: c_int = 3;
+/// `msg_order` bit: sends to one peer are delivered in the order they were posted.
+pub const FI_ORDER_SAS: u64 = 1 << 8;
+/// `mem_tag_format` of a provider that leaves all 64 tag bits to the application.
+pub const FI_TAG_GENERIC: u64 = 0xAAAA_AAAA_AAAA_AAAA;
 pub const FI_AV_UNSPEC: c_int = 0;
 pub const FI_AV_MAP: c_int = 1;
 pub const FI_AV_TABLE: c_int = 2;
