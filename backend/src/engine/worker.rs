@@ -341,6 +341,9 @@ impl Worker {
         for s in &self.served {
             s.ch.mem().set_sleeping(header::ENGINE_SLEEPING, false);
         }
+        if let Some(w) = &mut self.wire {
+            w.woke();
+        }
     }
 
     /// Blocks until the doorbell rings, a frame arrives on the uplink, or `timeout` (cut short
