@@ -1628,6 +1628,115 @@ fn read_now(cq: *mut FidCq, who: &str) -> Vec<FiCqTaggedEntry> {
     }
 }
 
+/// Two RDM endpoints, a sending to b, of a daemon whose engine waits 20 ms for a receive
+/// buffer: b with two bounce buffers and `bufs.len()` tagged receives (tag 7) of 64 bytes posted
+/// into `bufs`, a with `tx_buffers` staging slots.
+struct OrderRig {
+    _d: DaemonFixture,
+    info: *mut FiInfo,
+    fabric: *mut FidFabric,
+    dom: *mut FidDomain,
+    av: *mut FidAv,
+    a: *mut FidEp,
+    cq_a: *mut FidCq,
+    b: *mut FidEp,
+    cq_b: *mut FidCq,
+    to_b: u64,
+}
+
+impl OrderRig {
+    fn start(name: &str, tx_buffers: &str, bufs: &mut [[u8; 64]]) -> OrderRig {
+        let wait = EngineOverrides {
+            backpressure_wait_ms: Some(20),
+            ..EngineOverrides::default()
+        };
+        let d = DaemonFixture::start(name, &[(MAC, "")], wait);
+        std::env::set_var("FI_SVNIC_SOCKET", d.sock(1));
+        std::env::remove_var("FI_SVNIC_ENDPOINT");
+        std::env::set_var("FI_SVNIC_RX_BUFFERS", "2");
+        std::env::set_var("FI_SVNIC_TX_BUFFERS", tx_buffers);
+        let (info, fabric, dom, av) = rdm_domain(FI_AV_TABLE);
+        let (a, cq_a) = rdm_endpoint(dom, info, av, 0);
+        let (b, cq_b) = rdm_endpoint(dom, info, av, 0);
+        std::env::remove_var("FI_SVNIC_RX_BUFFERS");
+        std::env::remove_var("FI_SVNIC_TX_BUFFERS");
+        let names: Vec<u8> = [getname(a), getname(b)].concat();
+        let mut h = [0u64; 2];
+        assert_eq!(
+            call!(
+                r(av).ops,
+                insert(av, names.as_ptr().cast(), 2, h.as_mut_ptr(), 0, null_mut())
+            ),
+            2
+        );
+        for (k, buf) in bufs.iter_mut().enumerate() {
+            let rc = call!(
+                r(b).tagged,
+                recv(
+                    b,
+                    buf.as_mut_ptr().cast(),
+                    64,
+                    null_mut(),
+                    FI_ADDR_UNSPEC,
+                    7,
+                    0,
+                    ctx(k)
+                )
+            );
+            assert_eq!(rc, 0);
+        }
+        OrderRig {
+            _d: d,
+            info,
+            fabric,
+            dom,
+            av,
+            a,
+            cq_a,
+            b,
+            cq_b,
+            to_b: h[1],
+        }
+    }
+
+    /// Sends message `k` (64 bytes: DMA-data, each needing a bounce buffer, numbered in their
+    /// first bytes) with context `ctx(n + k)`.
+    fn send(&self, k: usize, n: usize) -> isize {
+        let mut m = [0u8; 64];
+        m[..8].copy_from_slice(&(k as u64).to_le_bytes());
+        let a = self.a;
+        call!(
+            r(a).tagged,
+            send(
+                a,
+                m.as_ptr().cast(),
+                64,
+                null_mut(),
+                self.to_b,
+                7,
+                ctx(n + k)
+            )
+        )
+    }
+
+    /// The message numbers in `bufs`.
+    fn numbers(bufs: &[[u8; 64]]) -> Vec<u64> {
+        bufs.iter()
+            .map(|b| u64::from_le_bytes(b[..8].try_into().unwrap()))
+            .collect()
+    }
+
+    fn close(self) {
+        let eps_and_cqs = [
+            self.a.cast(),
+            self.b.cast(),
+            self.cq_a.cast(),
+            self.cq_b.cast(),
+        ];
+        close_all(&eps_and_cqs, self.av, self.dom, self.fabric, self.info);
+    }
+}
+
 /// FI_ORDER_SAS when sends are retried: a receiver with two bounce buffers stops calling into
 /// libfabric for 200 ms (ten times the engine's backpressure wait) while its sender streams
 /// numbered tagged messages, so the engine completes the sends behind it NoBuffer and the
@@ -1636,48 +1745,9 @@ fn read_now(cq: *mut FidCq, who: &str) -> Vec<FiCqTaggedEntry> {
 #[test]
 fn rdm_retried_sends_keep_their_order_behind_a_receiver_that_stopped() {
     let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
-    let wait = EngineOverrides {
-        backpressure_wait_ms: Some(20),
-        ..EngineOverrides::default()
-    };
-    let d = DaemonFixture::start("fi-api-order", &[(MAC, "")], wait);
-    std::env::set_var("FI_SVNIC_SOCKET", d.sock(1));
-    std::env::remove_var("FI_SVNIC_ENDPOINT");
-    std::env::set_var("FI_SVNIC_RX_BUFFERS", "2");
-    let (info, fabric, dom, av) = rdm_domain(FI_AV_TABLE);
-    let (a, cq_a) = rdm_endpoint(dom, info, av, 0);
-    let (b, cq_b) = rdm_endpoint(dom, info, av, 0);
-    std::env::remove_var("FI_SVNIC_RX_BUFFERS");
-    let names: Vec<u8> = [getname(a), getname(b)].concat();
-    let mut h = [0u64; 2];
-    assert_eq!(
-        call!(
-            r(av).ops,
-            insert(av, names.as_ptr().cast(), 2, h.as_mut_ptr(), 0, null_mut())
-        ),
-        2
-    );
-    let to_b = h[1];
-
-    // 64-byte messages (DMA-data, each needing a bounce buffer), numbered in their first bytes.
     const N: usize = 300;
     let mut bufs = vec![[0u8; 64]; N];
-    for (k, buf) in bufs.iter_mut().enumerate() {
-        let rc = call!(
-            r(b).tagged,
-            recv(
-                b,
-                buf.as_mut_ptr().cast(),
-                64,
-                null_mut(),
-                FI_ADDR_UNSPEC,
-                7,
-                0,
-                ctx(k)
-            )
-        );
-        assert_eq!(rc, 0);
-    }
+    let rig = OrderRig::start("fi-api-order", "14", &mut bufs);
     let deadline = Instant::now() + Duration::from_secs(60);
     let (mut sent, mut sends_done) = (0, 0);
     let mut received: Vec<usize> = Vec::new();
@@ -1689,19 +1759,13 @@ fn rdm_retried_sends_keep_their_order_behind_a_receiver_that_stopped() {
             received.len()
         );
         if sent < N {
-            let mut m = [0u8; 64];
-            m[..8].copy_from_slice(&(sent as u64).to_le_bytes());
-            let rc = call!(
-                r(a).tagged,
-                send(a, m.as_ptr().cast(), 64, null_mut(), to_b, 7, ctx(N + sent))
-            );
-            match rc {
+            match rig.send(sent, N) {
                 0 => sent += 1,
                 EAGAIN => {}
                 rc => panic!("send {sent}: {rc}"),
             }
         }
-        sends_done += read_now(cq_a, "sender").len();
+        sends_done += read_now(rig.cq_a, "sender").len();
         if sent >= 20 && pause.is_none() {
             pause = Some(Instant::now());
         }
@@ -1709,7 +1773,7 @@ fn rdm_retried_sends_keep_their_order_behind_a_receiver_that_stopped() {
             std::thread::yield_now();
             continue;
         }
-        for e in read_now(cq_b, "receiver") {
+        for e in read_now(rig.cq_b, "receiver") {
             assert_eq!(e.data_entry.len, 64);
             received.push(e.data_entry.op_context as usize);
         }
@@ -1719,20 +1783,90 @@ fn rdm_retried_sends_keep_their_order_behind_a_receiver_that_stopped() {
         (0..N).collect::<Vec<_>>(),
         "completions in posted order"
     );
-    let numbers: Vec<u64> = bufs
-        .iter()
-        .map(|b| u64::from_le_bytes(b[..8].try_into().unwrap()))
-        .collect();
     assert_eq!(
-        numbers,
+        OrderRig::numbers(&bufs),
         (0..N as u64).collect::<Vec<_>>(),
         "messages in send order"
     );
     assert!(
-        read_now(cq_a, "sender").is_empty() && read_now(cq_b, "receiver").is_empty(),
+        read_now(rig.cq_a, "sender").is_empty() && read_now(rig.cq_b, "receiver").is_empty(),
         "nothing more"
     );
+    rig.close();
+}
 
-    let eps_and_cqs = [a.cast(), b.cast(), cq_a.cast(), cq_b.cast()];
-    close_all(&eps_and_cqs, av, dom, fabric, info);
+/// A send that finally fails (its receiver stopped for longer than the 8 retries take) does not
+/// leave the receiver waiting for it: once the receiver is back, the messages sent after it (a
+/// few, far fewer than the window, so that only the failed send's skip marker can release them)
+/// arrive, in order, and the failed ones never do.
+#[test]
+fn rdm_a_send_that_finally_failed_does_not_hold_up_the_later_ones() {
+    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    const N: usize = 200;
+    let mut bufs = vec![[0u8; 64]; N];
+    let rig = OrderRig::start("fi-api-skip", "4", &mut bufs);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (mut sent, mut ok) = (0, 0);
+    let mut failed: Vec<usize> = Vec::new();
+    let mut received = 0;
+    // The receiver takes messages until 10 are sent, then stops until a send has failed; once it
+    // is back, `after` more are sent, and nothing else.
+    let after = 5;
+    let mut back = false;
+    let mut last = None;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "sent {sent}, {ok} sent, {failed:?} failed, {received} received"
+        );
+        let target = if back { last.unwrap_or(sent) } else { N };
+        if sent < target {
+            match rig.send(sent, N) {
+                0 => sent += 1,
+                EAGAIN => {}
+                rc => panic!("send {sent}: {rc}"),
+            }
+        }
+        let cq_a = rig.cq_a;
+        let mut e: [FiCqTaggedEntry; 8] = zeroed();
+        match call!(r(cq_a).ops, read(cq_a, e.as_mut_ptr().cast(), 8)) {
+            k if k > 0 => ok += k as usize,
+            EAGAIN => {}
+            k if k == -(FI_EAVAIL as isize) => {
+                let mut err: FiCqErrEntry = zeroed();
+                assert_eq!(call!(r(cq_a).ops, readerr(cq_a, &mut err, 0)), 1);
+                assert_eq!(err.err, FI_ENORX);
+                failed.push(err.op_context as usize - N);
+            }
+            k => panic!("sender: read {k}"),
+        }
+        if sent < 10 || back {
+            let got = read_now(rig.cq_b, "receiver");
+            received += got.len();
+        } else if !failed.is_empty() {
+            back = true;
+            last = Some(sent + after);
+        }
+        if back
+            && sent == last.unwrap_or(0)
+            && ok + failed.len() == sent
+            && received + failed.len() == sent
+        {
+            break;
+        }
+    }
+    assert!(!failed.is_empty());
+    let delivered: Vec<u64> = (0..sent as u64)
+        .filter(|k| !failed.contains(&(*k as usize)))
+        .collect();
+    assert_eq!(
+        OrderRig::numbers(&bufs[..received]),
+        delivered,
+        "the messages that were not failed, in send order, the last ones too"
+    );
+    assert!(
+        read_now(rig.cq_a, "sender").is_empty() && read_now(rig.cq_b, "receiver").is_empty(),
+        "nothing more"
+    );
+    rig.close();
 }
