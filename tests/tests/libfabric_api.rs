@@ -148,7 +148,7 @@ fn getinfo_answers_hints_and_refuses_what_svnic_lacks() {
     assert_eq!(rdm.mode, 0);
     assert_eq!(r(rdm.ep_attr).max_msg_size, 8 * 65536, "in parts of 64 KiB");
     assert_eq!(r(rdm.ep_attr).mem_tag_format, FI_TAG_GENERIC);
-    assert_eq!(r(rdm.tx_attr).inject_size, 40 - 17, "the header's room");
+    assert_eq!(r(rdm.tx_attr).inject_size, 40 - 21, "the header's room");
     assert_eq!(r(rdm.tx_attr).msg_order, FI_ORDER_SAS);
     assert_eq!(r(rdm.rx_attr).msg_order, FI_ORDER_SAS);
     assert_eq!(
@@ -1042,17 +1042,7 @@ fn endpoints_send_receive_and_refuse_bad_use() {
         ops: &FOREIGN_OPS,
     };
     assert_eq!(call!(r(b).fid.ops, close(&mut fake_ep)), -FI_EINVAL);
-    for fid in [
-        b.cast(),
-        cq_a.cast(),
-        cq_b.cast(),
-        av.cast(),
-        dom.cast(),
-        fabric.cast::<Fid>(),
-    ] {
-        close(fid);
-    }
-    free(info);
+    close_all(&[b.cast(), cq_a.cast(), cq_b.cast()], av, dom, fabric, info);
     let states: Vec<_> = d
         .daemon()
         .engine()
@@ -1115,6 +1105,41 @@ fn rdm_endpoint(
     (ep, cq)
 }
 
+/// Closes `fids` (endpoints, then CQs), then the AV, the domain and the fabric, and frees `info`.
+fn close_all(
+    fids: &[*mut Fid],
+    av: *mut FidAv,
+    dom: *mut FidDomain,
+    fabric: *mut FidFabric,
+    info: *mut FiInfo,
+) {
+    for &fid in fids {
+        close(fid);
+    }
+    for fid in [av.cast(), dom.cast(), fabric.cast::<Fid>()] {
+        close(fid);
+    }
+    free(info);
+}
+
+/// The RDM fabric's info and fabric, a domain of it and an AV of `av_type`.
+fn rdm_domain(av_type: c_int) -> (*mut FiInfo, *mut FidFabric, *mut FidDomain, *mut FidAv) {
+    let (info, fabric) = open_fabric(FI_EP_RDM);
+    let mut dom = null_mut();
+    assert_eq!(
+        call!(r(fabric).ops, domain(fabric, info, &mut dom, null_mut())),
+        0
+    );
+    let mut av_attr: FiAvAttr = zeroed();
+    av_attr.type_ = av_type;
+    let mut av: *mut FidAv = null_mut();
+    assert_eq!(
+        call!(r(dom).ops, av_open(dom, &mut av_attr, &mut av, null_mut())),
+        0
+    );
+    (info, fabric, dom, av)
+}
+
 #[test]
 fn rdm_endpoints_match_tags_and_sources_keep_unexpected_messages_and_report_dead_peers() {
     let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
@@ -1122,22 +1147,10 @@ fn rdm_endpoints_match_tags_and_sources_keep_unexpected_messages_and_report_dead
     std::env::set_var("FI_SVNIC_SOCKET", d.sock(1));
     std::env::remove_var("FI_SVNIC_ENDPOINT");
     std::env::set_var("FI_SVNIC_PEER_TIMEOUT_MS", "200");
-    let (info, fabric) = open_fabric(FI_EP_RDM);
+    let (info, fabric, dom, av) = rdm_domain(FI_AV_MAP);
     // As Open MPI asks: completions by default, and selective completion on the CQ (of a).
     // SAFETY: the live attributes of the provider's list.
     unsafe { (*r(info).tx_attr).op_flags = op_flags::FI_COMPLETION };
-    let mut dom = null_mut();
-    assert_eq!(
-        call!(r(fabric).ops, domain(fabric, info, &mut dom, null_mut())),
-        0
-    );
-    let mut av_attr: FiAvAttr = zeroed();
-    av_attr.type_ = FI_AV_MAP;
-    let mut av: *mut FidAv = null_mut();
-    assert_eq!(
-        call!(r(dom).ops, av_open(dom, &mut av_attr, &mut av, null_mut())),
-        0
-    );
     let (a, cq_a) = rdm_endpoint(dom, info, av, op_flags::FI_SELECTIVE_COMPLETION);
     let (b, cq_b) = rdm_endpoint(dom, info, av, 0);
     let (c, cq_c) = rdm_endpoint(dom, info, av, 0);
@@ -1193,8 +1206,8 @@ fn rdm_endpoints_match_tags_and_sources_keep_unexpected_messages_and_report_dead
     // from the unexpected queue, and an untagged message that only an fi_recv takes.
     let payloads = [
         pattern(3, 1),
-        pattern(23, 2),
-        pattern(24, 3),
+        pattern(19, 2),
+        pattern(20, 3),
         pattern(5000, 4),
     ];
     let big = pattern(65536, 5);
@@ -1270,13 +1283,13 @@ fn rdm_endpoints_match_tags_and_sources_keep_unexpected_messages_and_report_dead
     // remote CQ data; `*msg` sends under selective completion.
     let mut waiting = [0u8; 8];
     assert_eq!(trecv(b, &mut waiting, FI_ADDR_UNSPEC, 77, 0, 300), 0);
-    let small = pattern(23, 8);
+    let small = pattern(19, 8);
     assert_eq!(
-        call!(r(a).tagged, inject(a, small.as_ptr().cast(), 23, to_b, 5)),
+        call!(r(a).tagged, inject(a, small.as_ptr().cast(), 19, to_b, 5)),
         0
     );
     assert_eq!(
-        call!(r(a).tagged, inject(a, small.as_ptr().cast(), 24, to_b, 5)),
+        call!(r(a).tagged, inject(a, small.as_ptr().cast(), 20, to_b, 5)),
         -(FI_EMSGSIZE as isize)
     );
     assert_eq!(
@@ -1330,7 +1343,7 @@ fn rdm_endpoints_match_tags_and_sources_keep_unexpected_messages_and_report_dead
     assert_eq!(
         got,
         [
-            (400, 23, 5, 0, rt),
+            (400, 19, 5, 0, rt),
             (401, 10, 6, 0xfeed, rd),
             (402, 4, 7, 0, rt),
             (403, 4, 7, 0xbeef, rd)
@@ -1595,17 +1608,265 @@ fn rdm_endpoints_match_tags_and_sources_keep_unexpected_messages_and_report_dead
     let err = read_err(cq_b);
     assert_eq!((err.op_context as usize, err.err), (300, FI_ECANCELED));
 
-    for fid in [
-        a.cast(),
-        b.cast(),
-        cq_a.cast(),
-        cq_b.cast(),
-        cq_c.cast(),
-        av.cast(),
-        dom.cast(),
-        fabric.cast::<Fid>(),
-    ] {
-        close(fid);
+    let eps_and_cqs = [a.cast(), b.cast(), cq_a.cast(), cq_b.cast(), cq_c.cast()];
+    close_all(&eps_and_cqs, av, dom, fabric, info);
+}
+
+/// The entries of `cq` there are now (tagged format), none if it has none; panics on an error
+/// entry (`who` names the side in the message).
+fn read_now(cq: *mut FidCq, who: &str) -> Vec<FiCqTaggedEntry> {
+    let mut e: [FiCqTaggedEntry; 8] = zeroed();
+    match call!(r(cq).ops, read(cq, e.as_mut_ptr().cast(), 8)) {
+        k if k > 0 => e.into_iter().take(k as usize).collect(),
+        EAGAIN => Vec::new(),
+        k if k == -(FI_EAVAIL as isize) => {
+            let mut err: FiCqErrEntry = zeroed();
+            call!(r(cq).ops, readerr(cq, &mut err, 0));
+            panic!("{who}: error entry {} ({})", err.err, err.prov_errno);
+        }
+        k => panic!("{who}: read {k}"),
     }
-    free(info);
+}
+
+/// Two RDM endpoints, a sending to b, of a daemon whose engine waits 20 ms for a receive
+/// buffer: b with two bounce buffers and `bufs.len()` tagged receives (tag 7) of 64 bytes posted
+/// into `bufs`, a with `tx_buffers` staging slots.
+struct OrderRig {
+    _d: DaemonFixture,
+    info: *mut FiInfo,
+    fabric: *mut FidFabric,
+    dom: *mut FidDomain,
+    av: *mut FidAv,
+    a: *mut FidEp,
+    cq_a: *mut FidCq,
+    b: *mut FidEp,
+    cq_b: *mut FidCq,
+    to_b: u64,
+}
+
+impl OrderRig {
+    fn start(name: &str, tx_buffers: &str, bufs: &mut [[u8; 64]]) -> OrderRig {
+        let wait = EngineOverrides {
+            backpressure_wait_ms: Some(20),
+            ..EngineOverrides::default()
+        };
+        let d = DaemonFixture::start(name, &[(MAC, "")], wait);
+        std::env::set_var("FI_SVNIC_SOCKET", d.sock(1));
+        std::env::remove_var("FI_SVNIC_ENDPOINT");
+        std::env::set_var("FI_SVNIC_RX_BUFFERS", "2");
+        std::env::set_var("FI_SVNIC_TX_BUFFERS", tx_buffers);
+        let (info, fabric, dom, av) = rdm_domain(FI_AV_TABLE);
+        let (a, cq_a) = rdm_endpoint(dom, info, av, 0);
+        let (b, cq_b) = rdm_endpoint(dom, info, av, 0);
+        std::env::remove_var("FI_SVNIC_RX_BUFFERS");
+        std::env::remove_var("FI_SVNIC_TX_BUFFERS");
+        let names: Vec<u8> = [getname(a), getname(b)].concat();
+        let mut h = [0u64; 2];
+        assert_eq!(
+            call!(
+                r(av).ops,
+                insert(av, names.as_ptr().cast(), 2, h.as_mut_ptr(), 0, null_mut())
+            ),
+            2
+        );
+        for (k, buf) in bufs.iter_mut().enumerate() {
+            let rc = call!(
+                r(b).tagged,
+                recv(
+                    b,
+                    buf.as_mut_ptr().cast(),
+                    64,
+                    null_mut(),
+                    FI_ADDR_UNSPEC,
+                    7,
+                    0,
+                    ctx(k)
+                )
+            );
+            assert_eq!(rc, 0);
+        }
+        OrderRig {
+            _d: d,
+            info,
+            fabric,
+            dom,
+            av,
+            a,
+            cq_a,
+            b,
+            cq_b,
+            to_b: h[1],
+        }
+    }
+
+    /// Sends message `k` (64 bytes: DMA-data, each needing a bounce buffer, numbered in their
+    /// first bytes) with context `ctx(n + k)`.
+    fn send(&self, k: usize, n: usize) -> isize {
+        let mut m = [0u8; 64];
+        m[..8].copy_from_slice(&(k as u64).to_le_bytes());
+        let a = self.a;
+        call!(
+            r(a).tagged,
+            send(
+                a,
+                m.as_ptr().cast(),
+                64,
+                null_mut(),
+                self.to_b,
+                7,
+                ctx(n + k)
+            )
+        )
+    }
+
+    /// The message numbers in `bufs`.
+    fn numbers(bufs: &[[u8; 64]]) -> Vec<u64> {
+        bufs.iter()
+            .map(|b| u64::from_le_bytes(b[..8].try_into().unwrap()))
+            .collect()
+    }
+
+    fn close(self) {
+        let eps_and_cqs = [
+            self.a.cast(),
+            self.b.cast(),
+            self.cq_a.cast(),
+            self.cq_b.cast(),
+        ];
+        close_all(&eps_and_cqs, self.av, self.dom, self.fabric, self.info);
+    }
+}
+
+/// FI_ORDER_SAS when sends are retried: a receiver with two bounce buffers stops calling into
+/// libfabric for 200 ms (ten times the engine's backpressure wait) while its sender streams
+/// numbered tagged messages, so the engine completes the sends behind it NoBuffer and the
+/// provider retries them, while later ones find buffers once the receiver is back. Every
+/// message arrives exactly once and in send order, and no send fails.
+#[test]
+fn rdm_retried_sends_keep_their_order_behind_a_receiver_that_stopped() {
+    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    const N: usize = 300;
+    let mut bufs = vec![[0u8; 64]; N];
+    let rig = OrderRig::start("fi-api-order", "14", &mut bufs);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (mut sent, mut sends_done) = (0, 0);
+    let mut received: Vec<usize> = Vec::new();
+    let mut pause: Option<Instant> = None;
+    while received.len() < N || sends_done < N {
+        assert!(
+            Instant::now() < deadline,
+            "sent {sent}, {sends_done} send completions, {} received",
+            received.len()
+        );
+        if sent < N {
+            match rig.send(sent, N) {
+                0 => sent += 1,
+                EAGAIN => {}
+                rc => panic!("send {sent}: {rc}"),
+            }
+        }
+        sends_done += read_now(rig.cq_a, "sender").len();
+        if sent >= 20 && pause.is_none() {
+            pause = Some(Instant::now());
+        }
+        if pause.is_some_and(|t| t.elapsed() < Duration::from_millis(200)) {
+            std::thread::yield_now();
+            continue;
+        }
+        for e in read_now(rig.cq_b, "receiver") {
+            assert_eq!(e.data_entry.len, 64);
+            received.push(e.data_entry.op_context as usize);
+        }
+    }
+    assert_eq!(
+        received,
+        (0..N).collect::<Vec<_>>(),
+        "completions in posted order"
+    );
+    assert_eq!(
+        OrderRig::numbers(&bufs),
+        (0..N as u64).collect::<Vec<_>>(),
+        "messages in send order"
+    );
+    assert!(
+        read_now(rig.cq_a, "sender").is_empty() && read_now(rig.cq_b, "receiver").is_empty(),
+        "nothing more"
+    );
+    rig.close();
+}
+
+/// A send that finally fails (its receiver stopped for longer than the 8 retries take) does not
+/// leave the receiver waiting for it: once the receiver is back, the messages sent after it (a
+/// few, far fewer than the window, so that only the failed send's skip marker can release them)
+/// arrive, in order, and the failed ones never do.
+#[test]
+fn rdm_a_send_that_finally_failed_does_not_hold_up_the_later_ones() {
+    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    const N: usize = 200;
+    let mut bufs = vec![[0u8; 64]; N];
+    let rig = OrderRig::start("fi-api-skip", "4", &mut bufs);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (mut sent, mut ok) = (0, 0);
+    let mut failed: Vec<usize> = Vec::new();
+    let mut received = 0;
+    // The receiver takes messages until 10 are sent, then stops until a send has failed; once it
+    // is back, `after` more are sent, and nothing else.
+    let after = 5;
+    let mut back = false;
+    let mut last = None;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "sent {sent}, {ok} sent, {failed:?} failed, {received} received"
+        );
+        let target = if back { last.unwrap_or(sent) } else { N };
+        if sent < target {
+            match rig.send(sent, N) {
+                0 => sent += 1,
+                EAGAIN => {}
+                rc => panic!("send {sent}: {rc}"),
+            }
+        }
+        let cq_a = rig.cq_a;
+        let mut e: [FiCqTaggedEntry; 8] = zeroed();
+        match call!(r(cq_a).ops, read(cq_a, e.as_mut_ptr().cast(), 8)) {
+            k if k > 0 => ok += k as usize,
+            EAGAIN => {}
+            k if k == -(FI_EAVAIL as isize) => {
+                let mut err: FiCqErrEntry = zeroed();
+                assert_eq!(call!(r(cq_a).ops, readerr(cq_a, &mut err, 0)), 1);
+                assert_eq!(err.err, FI_ENORX);
+                failed.push(err.op_context as usize - N);
+            }
+            k => panic!("sender: read {k}"),
+        }
+        if sent < 10 || back {
+            let got = read_now(rig.cq_b, "receiver");
+            received += got.len();
+        } else if !failed.is_empty() {
+            back = true;
+            last = Some(sent + after);
+        }
+        if back
+            && sent == last.unwrap_or(0)
+            && ok + failed.len() == sent
+            && received + failed.len() == sent
+        {
+            break;
+        }
+    }
+    assert!(!failed.is_empty());
+    let delivered: Vec<u64> = (0..sent as u64)
+        .filter(|k| !failed.contains(&(*k as usize)))
+        .collect();
+    assert_eq!(
+        OrderRig::numbers(&bufs[..received]),
+        delivered,
+        "the messages that were not failed, in send order, the last ones too"
+    );
+    assert!(
+        read_now(rig.cq_a, "sender").is_empty() && read_now(rig.cq_b, "receiver").is_empty(),
+        "nothing more"
+    );
+    rig.close();
 }

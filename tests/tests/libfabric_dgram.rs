@@ -59,7 +59,7 @@ fn fi_info_lists_the_native_rdm_and_the_dgram_endpoint() {
     for want in [
         "type: FI_EP_RDM",
         "max_msg_size: 524288",
-        "inject_size: 23",
+        "inject_size: 19",
         "cq_data_size: 8",
         "mem_tag_format: 0xaaaaaaaaaaaaaaaa",
         "FI_TAGGED",

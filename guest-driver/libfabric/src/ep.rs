@@ -10,6 +10,9 @@
 //!   into a staging slot of the channel's data area and sent as DMA-data. Every send asks the
 //!   engine for its completion, which frees the slot and writes the CQ entry (none for
 //!   `fi_inject`). `NoBuffer`/`RingFull` are retried by the provider before they are reported.
+//!   On an RDM endpoint a retried send keeps its sequence number and the receiver puts each
+//!   sender's messages back in order ([`crate::rdm`]); a send that finally fails is replaced by a
+//!   skip marker (unless the peer is gone, which restarts the numbering to it).
 //! - Receives: the provider keeps `FI_SVNIC_RX_BUFFERS` bounce buffers of `max_msg_size` bytes
 //!   posted in the channel; the application's receives wait in a FIFO. A message is copied
 //!   into the head receive (truncation is an `FI_ETRUNC` error entry) and its bounce buffer is
@@ -29,7 +32,7 @@
 //!   bounce buffer, and past [`UNEXPECTED_MAX`] messages the endpoint stops taking messages
 //!   from its RX ring: the engine backpressures the senders, nothing is dropped.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::os::raw::{c_int, c_void};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
@@ -57,7 +60,7 @@ use crate::ffi::endpoint::*;
 use crate::ffi::errno::*;
 use crate::ffi::*;
 use crate::info::{INJECT_SIZE, IOV_LIMIT, RX_SIZE, TX_SIZE};
-use crate::rdm::{self, Header, Want};
+use crate::rdm::{self, Header, Reorder, Want};
 use crate::wait::Progress;
 use crate::{free_object, guard, hand_out, object, object_of, put, FidObject};
 
@@ -170,6 +173,35 @@ struct PendingSend {
     dest: ChannelAddr,
     payload: Payload,
     retries: u32,
+    /// RDM: the sequence number it carries.
+    seq: Option<SeqRef>,
+    /// A skip marker standing for the failed send `seq` (no completion of its own).
+    marker: bool,
+}
+
+/// A sequence number handed out to a send: the numbering it belongs to ([`PeerSeq::epoch`]).
+#[derive(Debug, Clone, Copy)]
+struct SeqRef {
+    epoch: u64,
+    n: u64,
+}
+
+/// The numbering of the messages an RDM endpoint sends to one peer.
+#[derive(Debug, Default)]
+struct PeerSeq {
+    /// Bumped when the numbering starts over (the peer was found gone).
+    epoch: u64,
+    next: u64,
+    /// Numbers sent but not yet known delivered or skipped (their marker delivered).
+    open: BTreeSet<u64>,
+}
+
+impl PeerSeq {
+    /// Whether `count` more numbers fit in the window ([`rdm::WINDOW`]).
+    fn room(&self, count: u64) -> bool {
+        let oldest = self.open.first().copied().unwrap_or(self.next);
+        (self.next + count).saturating_sub(oldest) <= rdm::WINDOW
+    }
 }
 
 /// The parts of a message in parts still in flight, and the first error among those done.
@@ -235,6 +267,10 @@ struct EpState {
     next_group: u64,
     /// Messages in parts being received, by sender.
     assembling: HashMap<ChannelAddr, Assembly>,
+    /// RDM: each sender's messages put back in order (see [`crate::rdm`]).
+    order: Reorder<Arrived>,
+    /// RDM: the numbering of the messages sent to each peer.
+    seqs: HashMap<ChannelAddr, PeerSeq>,
     bounces: Vec<u64>,
     staging_free: Vec<u64>,
     recvs: VecDeque<PostedRecv>,
@@ -420,6 +456,8 @@ pub(crate) fn open(
         groups: HashMap::new(),
         next_group: 0,
         assembling: HashMap::new(),
+        order: Reorder::default(),
+        seqs: HashMap::new(),
         bounces: (0..rx).map(at).collect(),
         staging_free: (rx..rx + tx).map(at).collect(),
         recvs: VecDeque::new(),
@@ -663,7 +701,12 @@ impl EpInner {
             self.max_msg
         };
         let prefix = if self.rdm {
-            op.hdr.encode()
+            // The number is the endpoint's to give (EpState::send): room for it here.
+            Header {
+                seq: Some(0),
+                ..op.hdr
+            }
+            .encode()
         } else if op.hdr != Header::default() {
             return -(FI_EBADFLAGS as isize);
         } else {
@@ -671,12 +714,12 @@ impl EpInner {
         };
         // Checked before anything is copied or allocated.
         // SAFETY: the segments were built from the application's buffers, readable for the call.
-        let data = match unsafe { gather(&segs, max, &prefix.0[..prefix.1]) } {
+        let mut data = match unsafe { gather(&segs, max, &prefix.0[..prefix.1]) } {
             Ok(d) => d,
             Err(err) => return -(err as isize),
         };
         let mut s = self.lock();
-        match s.send(&data, &op) {
+        match s.send(&mut data, &op) {
             Ok(()) => 0,
             Err(e) => -(e as isize),
         }
@@ -821,6 +864,7 @@ impl EpState {
             return;
         }
         self.peers.remove(&peer);
+        self.restart_numbering(peer);
         log::info!("svnic provider: peer {peer} is gone: {}", c.status);
         let Some(err) = errors::send_error(c.status) else {
             return;
@@ -881,7 +925,7 @@ impl EpState {
                     start,
                     end: d.len(),
                 };
-                self.arrived_or_part(Arrived {
+                self.in_order(Arrived {
                     src: u.peer,
                     hdr,
                     body,
@@ -907,7 +951,7 @@ impl EpState {
                     start,
                     len: len - start,
                 };
-                self.arrived_or_part(Arrived {
+                self.in_order(Arrived {
                     src: d.peer,
                     hdr,
                     body,
@@ -944,8 +988,8 @@ impl EpState {
 
     /// The RDM header at the front of the `len` bytes in bounce buffer `idx`.
     fn bounce_header(&mut self, idx: usize, len: usize) -> Option<(Header, usize)> {
-        let mut b = [0u8; rdm::HEADER_MAX];
-        let n = len.min(rdm::HEADER_MAX);
+        let mut b = [0u8; rdm::PART_HEADER_MAX];
+        let n = len.min(rdm::PART_HEADER_MAX);
         let off = *self.bounces.get(idx)?;
         let read = self.channel.as_ref()?.read_data(off, &mut b[..n]);
         if let Err(e) = read {
@@ -1019,6 +1063,33 @@ impl EpState {
                 self.repost(idx);
                 v
             }
+        }
+    }
+
+    /// An RDM message (or part, or skip marker) with its sequence number goes through its
+    /// sender's [`Reorder`]: kept aside (copied out of its bounce buffer, which takes the next
+    /// message meanwhile) while it is ahead of a missing one; then it and those now due go on.
+    fn in_order(&mut self, a: Arrived) {
+        let Some(seq) = a.hdr.seq.filter(|_| self.rdm) else {
+            return self.arrived_or_part(a);
+        };
+        let src = a.src;
+        let item = if a.hdr.skip {
+            self.release(a);
+            None
+        } else if self.order.is_next(src, seq) {
+            Some(a)
+        } else {
+            let body = match a.body {
+                b @ Body::Bounce { .. } => Body::Heap(self.take_bytes(b)),
+                b => b,
+            };
+            Some(Arrived { body, ..a })
+        };
+        let mut due = Vec::new();
+        self.order.arrive(src, seq, item, &mut due);
+        for a in due {
+            self.arrived_or_part(a);
         }
     }
 
@@ -1255,7 +1326,7 @@ impl EpState {
     }
 
     /// Sends `data` (the RDM header and the payload) as `op` says.
-    fn send(&mut self, data: &[u8], op: &SendOp) -> Result<(), c_int> {
+    fn send(&mut self, data: &mut [u8], op: &SendOp) -> Result<(), c_int> {
         self.ready()?;
         if data.len() > self.slot_len {
             return match self.rdm {
@@ -1268,12 +1339,20 @@ impl EpState {
         if !op.inject && self.tx_cq.is_none() {
             return Err(FI_ENOCQ);
         }
-        if self.pending.len() >= TX_SIZE {
+        let full = |s: &EpState| {
+            s.pending.len() >= TX_SIZE || (s.rdm && !s.seqs.get(&peer).is_none_or(|q| q.room(1)))
+        };
+        if full(self) {
             self.progress();
-            if self.pending.len() >= TX_SIZE {
+            if full(self) {
                 return Err(FI_EAGAIN);
             }
         }
+        let seq = self.rdm.then(|| self.seq_ref(peer, 0));
+        if let Some(r) = seq {
+            rdm::stamp_seq(data, r.n as u32);
+        }
+        let data = &*data;
         let payload = if data.len() <= INLINE_CAPACITY {
             let mut b = [0u8; INLINE_CAPACITY];
             b[..data.len()].copy_from_slice(data);
@@ -1304,9 +1383,12 @@ impl EpState {
             dest: peer,
             payload,
             retries: 0,
+            seq,
+            marker: false,
         };
         match self.transmit(cookie, &p) {
             Ok(true) => {
+                self.seq_taken(peer, seq);
                 if self.peers.len() < MAX_PEERS {
                     self.peers.entry(peer).or_insert(None);
                 }
@@ -1342,7 +1424,10 @@ impl EpState {
         let count = payload.len().div_ceil(self.part_len);
         let room = |s: &mut EpState| {
             let ring = s.channel.as_mut().map_or(0, |ch| ch.tx_free().unwrap_or(0)) as usize;
-            s.staging_free.len() >= count && ring >= count && s.pending.len() + count <= TX_SIZE
+            s.staging_free.len() >= count
+                && ring >= count
+                && s.pending.len() + count <= TX_SIZE
+                && s.seqs.get(&peer).is_none_or(|q| q.room(count as u64))
         };
         if !room(self) {
             self.progress();
@@ -1362,13 +1447,17 @@ impl EpState {
         let selective = self.tx_selective;
         let report = reports(op.report, selective, self.tx_op_flags);
         for (k, chunk) in payload.chunks(self.part_len).enumerate() {
+            // Every part has its own number: the receiver gets them back in order.
+            let seq = self.seq_ref(peer, 0);
             let h = match k {
                 0 => Header {
                     total: Some(payload.len() as u64),
+                    seq: Some(seq.n as u32),
                     ..hdr
                 },
                 _ => Header {
                     offset: Some((k * self.part_len) as u64),
+                    seq: Some(seq.n as u32),
                     ..Header::default()
                 },
             };
@@ -1394,7 +1483,10 @@ impl EpState {
                 dest: peer,
                 payload: Payload::Staged(slot, part.len()),
                 retries: 0,
+                seq: Some(seq),
+                marker: false,
             };
+            self.seq_taken(peer, Some(seq));
             match self.transmit(cookie, &p) {
                 Ok(true) => {}
                 // Checked above; should the ring fill anyway, the part goes with the retries.
@@ -1442,7 +1534,10 @@ impl EpState {
         };
         let outcome = match c.status {
             CompletionStatus::Ok => SendOutcome::Done(None),
-            CompletionStatus::NoBuffer | CompletionStatus::RingFull if p.retries < MAX_RETRIES => {
+            // A skip marker is retried for as long as the peer is there: the peer waits for it.
+            CompletionStatus::NoBuffer | CompletionStatus::RingFull
+                if p.retries < MAX_RETRIES || p.marker =>
+            {
                 SendOutcome::Retry
             }
             status => {
@@ -1461,11 +1556,115 @@ impl EpState {
                 self.pending.insert(c.cookie, p);
                 self.deferred.push_back(c.cookie);
             }
-            SendOutcome::Done(err) => self.finish(p, err),
+            SendOutcome::Done(err) => {
+                self.numbered_done(&p, c.status);
+                self.finish(p, err);
+            }
+        }
+    }
+
+    /// The next sequence number to `peer` plus `k` (taken by [`EpState::seq_taken`]).
+    fn seq_ref(&mut self, peer: ChannelAddr, k: u64) -> SeqRef {
+        let q = self.seqs.entry(peer).or_default();
+        SeqRef {
+            epoch: q.epoch,
+            n: q.next + k,
+        }
+    }
+
+    /// Sequence number `seq` to `peer` is in flight.
+    fn seq_taken(&mut self, peer: ChannelAddr, seq: Option<SeqRef>) {
+        let Some(r) = seq else {
+            return;
+        };
+        let q = self.seqs.entry(peer).or_default();
+        if q.epoch == r.epoch && r.n == q.next {
+            q.open.insert(r.n);
+            q.next += 1;
+        }
+    }
+
+    /// A numbered send (or skip marker) is done with `status`: its number is closed, or a send
+    /// that failed (the peer still there) is replaced by a skip marker, or the numbering to a
+    /// peer that is gone starts over (a new endpoint at its address starts at 0 too).
+    fn numbered_done(&mut self, p: &PendingSend, status: CompletionStatus) {
+        let Some(r) = p.seq else {
+            return;
+        };
+        let gone = matches!(
+            status,
+            CompletionStatus::NoRoute
+                | CompletionStatus::DestinationGone
+                | CompletionStatus::DestinationFaulted
+        );
+        if gone {
+            return self.restart_numbering(p.dest);
+        }
+        let current = self
+            .seqs
+            .get(&p.dest)
+            .is_some_and(|q| q.epoch == r.epoch && q.open.contains(&r.n));
+        if !current {
+            return;
+        }
+        if status == CompletionStatus::Ok || p.marker {
+            if status != CompletionStatus::Ok {
+                log::warn!(
+                    "svnic provider: skip marker {} to {} failed: {status}",
+                    r.n,
+                    p.dest
+                );
+            }
+            if let Some(q) = self.seqs.get_mut(&p.dest) {
+                q.open.remove(&r.n);
+            }
+            return;
+        }
+        let (b, n) = Header {
+            seq: Some(r.n as u32),
+            skip: true,
+            ..Header::default()
+        }
+        .encode();
+        let mut inline = [0u8; INLINE_CAPACITY];
+        inline[..n].copy_from_slice(&b[..n]);
+        let marker = PendingSend {
+            ctx: 0,
+            report: false,
+            inject: true,
+            op: 0,
+            group: None,
+            dest: p.dest,
+            payload: Payload::Inline(inline, n),
+            retries: 0,
+            seq: Some(r),
+            marker: true,
+        };
+        let cookie = self.next_cookie;
+        self.next_cookie = (self.next_cookie + 1) & !(BOUNCE_TAG | PROBE_TAG);
+        self.pending.insert(cookie, marker);
+        self.deferred.push_back(cookie);
+    }
+
+    /// Forgets the numbering to `peer` and what its messages to this endpoint kept aside
+    /// (handed on now): the peer is gone.
+    fn restart_numbering(&mut self, peer: ChannelAddr) {
+        if let Some(q) = self.seqs.get_mut(&peer) {
+            q.epoch += 1;
+            q.next = 0;
+            q.open.clear();
+        }
+        let mut due = Vec::new();
+        self.order.forget(peer, &mut due);
+        for a in due {
+            self.arrived_or_part(a);
         }
     }
 
     fn finish(&mut self, p: PendingSend, err: Option<ErrInfo>) {
+        if p.marker {
+            return;
+        }
         if let Payload::Staged(slot, _) = p.payload {
             self.staging_free.push(slot);
         }

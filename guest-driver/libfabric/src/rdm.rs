@@ -3,8 +3,17 @@
 //! An RDM endpoint is the DGRAM data path (svnic channels deliver reliably, in order per
 //! sender, or fail the send with the reason) plus a header in front of every payload, inside
 //! the 40 inline bytes of a user-data message or at the front of the DMA-data bytes:
-//! one flags byte, then the tag (8 bytes, little-endian) if its bit 0 is set, then the remote CQ
-//! data (8 bytes) if its bit 1 is set.
+//! one flags byte, then the message's sequence number (4 bytes, little-endian) if its bit 4 is set
+//! (every message an RDM endpoint sends has one), then the tag (8 bytes) if its bit 0 is set, then
+//! the remote CQ data (8 bytes) if its bit 1 is set.
+//!
+//! Order (`FI_ORDER_SAS`): a sender numbers the messages (and parts) it sends to each peer
+//! 0, 1, 2, ... A send the engine could not deliver (`NoBuffer`/`RingFull`) is retried with its
+//! number, and may arrive after later ones; the receiver hands each sender's messages on in
+//! number order ([`Reorder`]), keeping those that arrived ahead of a missing one aside. A send
+//! that finally fails is replaced by a skip marker (bit 5, the number alone, no payload) so that
+//! the receiver stops waiting for it. A sender has at most [`WINDOW`] numbers to one peer not
+//! yet known delivered (or skipped), so an honest sender never has more than that kept aside.
 //!
 //! A message longer than `max_msg_size` (the bounce buffers' size) travels in parts of
 //! `max_msg_size` bytes, sent back to back: the first part's header also carries the message's
@@ -14,6 +23,8 @@
 //! the tags agree outside the receive's ignore bits, and the receive's source (if directed) is
 //! the sender.
 
+use std::collections::{BTreeMap, HashMap};
+
 use svnic_channels::ChannelAddr;
 
 /// Flag bit: the message is tagged (`fi_tsend*`), a tag follows.
@@ -22,12 +33,21 @@ const TAGGED: u8 = 1;
 const HAS_DATA: u8 = 2;
 /// Flag bit: the first part of a message in parts; its total length follows.
 const FIRST: u8 = 4;
-/// Flag bit: a later part of a message in parts; its offset follows (and nothing else).
+/// Flag bit: a later part of a message in parts; its offset follows (and only the sequence number
+/// besides).
 const CONT: u8 = 8;
-/// The longest header of a message in one part: flags, tag, data.
-pub const HEADER_MAX: usize = 17;
-/// The longest header of a part: flags, tag, data, total length.
-pub const PART_HEADER_MAX: usize = 25;
+/// Flag bit: the sequence number follows (right after the flags).
+const SEQ: u8 = 16;
+/// Flag bit: a skip marker: the sequence number of a send that failed, nothing else.
+const SKIP: u8 = 32;
+/// The longest header of a message in one part: flags, sequence number, tag, data.
+pub const HEADER_MAX: usize = 21;
+/// The longest header of a part: flags, sequence number, tag, data, total length.
+pub const PART_HEADER_MAX: usize = 29;
+/// Sequence numbers a sender may have to one peer that are not known delivered or skipped.
+pub const WINDOW: u64 = 64;
+/// Messages a receiver keeps aside (arrived ahead of a missing one) from all senders together.
+pub const HELD_MAX: usize = 256;
 /// Parts a message may have at most: `max_msg_size` of the RDM endpoint is this many times the
 /// bounce buffers' size (an endpoint needs a staging slot per part: it has 14 with the defaults).
 pub const MAX_PARTS: usize = 8;
@@ -44,8 +64,13 @@ pub struct Header {
     pub data: Option<u64>,
     /// The total length of a message in parts (its first part).
     pub total: Option<u64>,
-    /// The offset of a later part of a message in parts (the header has nothing else).
+    /// The offset of a later part of a message in parts (the header has nothing else but the
+    /// sequence number).
     pub offset: Option<u64>,
+    /// The sequence number of the message (or part) from its sender to this receiver.
+    pub seq: Option<u32>,
+    /// A skip marker: `seq` is the number of a send that failed; the header has nothing else.
+    pub skip: bool,
 }
 
 impl Header {
@@ -53,9 +78,18 @@ impl Header {
     pub fn encode(&self) -> ([u8; PART_HEADER_MAX], usize) {
         let mut b = [0u8; PART_HEADER_MAX];
         let mut n = 1;
-        let fields = match self.offset {
-            Some(_) => [(CONT, self.offset), (0, None), (0, None)],
-            None => [
+        if let Some(seq) = self.seq {
+            b[0] |= SEQ;
+            b[1..5].copy_from_slice(&seq.to_le_bytes());
+            n += 4;
+        }
+        let fields = match (self.skip, self.offset) {
+            (true, _) => {
+                b[0] |= SKIP;
+                [(0, None), (0, None), (0, None)]
+            }
+            (false, Some(_)) => [(CONT, self.offset), (0, None), (0, None)],
+            (false, None) => [
                 (TAGGED, self.tag),
                 (HAS_DATA, self.data),
                 (FIRST, self.total),
@@ -74,11 +108,21 @@ impl Header {
     /// The header at the front of `b`, and its length; `None` if `b` does not start with one.
     pub fn decode(b: &[u8]) -> Option<(Header, usize)> {
         let flags = *b.first()?;
-        if flags & !(TAGGED | HAS_DATA | FIRST | CONT) != 0 || (flags & CONT != 0 && flags != CONT)
+        let alone = |bit: u8| flags & bit != 0 && flags & !SEQ == bit;
+        if flags & !(TAGGED | HAS_DATA | FIRST | CONT | SEQ | SKIP) != 0
+            || alone(CONT) != (flags & CONT != 0)
+            || alone(SKIP) != (flags & SKIP != 0)
+            || (flags & SKIP != 0 && flags & SEQ == 0)
         {
             return None;
         }
         let mut n = 1;
+        let seq = if flags & SEQ != 0 {
+            n += 4;
+            Some(u32::from_le_bytes(b.get(1..5)?.try_into().ok()?))
+        } else {
+            None
+        };
         let mut field = |bit: u8| -> Option<Option<u64>> {
             if flags & bit == 0 {
                 return Some(None);
@@ -96,8 +140,141 @@ impl Header {
             data,
             total,
             offset,
+            seq,
+            skip: flags & SKIP != 0,
         };
         Some((h, n))
+    }
+}
+
+/// Puts the messages (or parts) of each sender back into their sequence numbers' order: see the
+/// module documentation. A message ahead of the next expected number of its sender is kept aside
+/// (the caller copies it out of its bounce buffer first, [`Reorder::is_next`]) until the
+/// missing ones arrive or are skipped. Bounds: a sender with a message [`WINDOW`] or more ahead of
+/// the one expected, or whose message would take more than [`HELD_MAX`] kept aside in all, is
+/// not waited for any longer: what it has kept aside is handed on now, in number order, and the
+/// next expected number is the one after the highest (its missing messages, should they still
+/// come, are handed on when they come, late: nothing is lost and no sender stalls the others).
+/// A number behind the expected one is handed on at once (late); number 0 behind it means the
+/// sender began again (a new endpoint at the same address, or its peer state reset): its
+/// numbering starts over.
+#[derive(Debug)]
+pub struct Reorder<T> {
+    sources: HashMap<ChannelAddr, Source<T>>,
+    held: usize,
+    /// Times a sender was given up waiting for (a bound exceeded).
+    pub given_up: u64,
+    /// Messages handed on after later ones of their sender.
+    pub late: u64,
+}
+
+/// One sender's state: the next number expected, and what arrived ahead of it (`None`: skipped).
+#[derive(Debug)]
+struct Source<T> {
+    expected: u32,
+    held: BTreeMap<u32, Option<T>>,
+}
+
+impl<T> Default for Reorder<T> {
+    fn default() -> Self {
+        Reorder {
+            sources: HashMap::new(),
+            held: 0,
+            given_up: 0,
+            late: 0,
+        }
+    }
+}
+
+impl<T> Reorder<T> {
+    /// Messages kept aside, from all senders.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Whether a message numbered `seq` from `src` would be handed on at once (not kept aside).
+    pub fn is_next(&self, src: ChannelAddr, seq: u32) -> bool {
+        let expected = self.sources.get(&src).map_or(0, |s| s.expected);
+        seq.wrapping_sub(expected) == 0 || seq.wrapping_sub(expected) >= 1 << 31
+    }
+
+    /// Message `seq` from `src` arrived (`None`: a skip marker); pushes onto `out` the messages
+    /// of `src` now due, in order.
+    pub fn arrive(&mut self, src: ChannelAddr, seq: u32, item: Option<T>, out: &mut Vec<T>) {
+        let total = self.held;
+        let s = self.sources.entry(src).or_insert_with(|| Source {
+            expected: 0,
+            held: BTreeMap::new(),
+        });
+        let ahead = seq.wrapping_sub(s.expected);
+        if ahead == 0 {
+            out.extend(item);
+            s.expected = seq.wrapping_add(1);
+            while let Some(next) = s.held.remove(&s.expected) {
+                self.held = self.held.saturating_sub(1);
+                out.extend(next);
+                s.expected = s.expected.wrapping_add(1);
+            }
+            return;
+        }
+        if ahead >= 1 << 31 {
+            if seq == 0 {
+                self.held = self.held.saturating_sub(s.held.len());
+                Self::hand_on_all(s, out);
+                s.expected = 1;
+            } else {
+                self.late += 1;
+            }
+            out.extend(item);
+            return;
+        }
+        let fresh = !s.held.contains_key(&seq);
+        if u64::from(ahead) < WINDOW && total < HELD_MAX && fresh {
+            s.held.insert(seq, item);
+            self.held += 1;
+            return;
+        }
+        log::warn!(
+            "svnic provider: gave up waiting for message {} from {src} (message {seq} arrived, {} kept aside)",
+            s.expected,
+            s.held.len()
+        );
+        self.given_up += 1;
+        self.held = self.held.saturating_sub(s.held.len());
+        if fresh {
+            s.held.insert(seq, item);
+        } else {
+            out.extend(item);
+        }
+        Self::hand_on_all(s, out);
+    }
+
+    /// Forgets sender `src` (it is gone): what it kept aside is handed on now, in number order.
+    pub fn forget(&mut self, src: ChannelAddr, out: &mut Vec<T>) {
+        if let Some(mut s) = self.sources.remove(&src) {
+            self.held = self.held.saturating_sub(s.held.len());
+            Self::hand_on_all(&mut s, out);
+        }
+    }
+
+    /// Hands on everything `s` kept aside, in number order; expects the number after the last.
+    fn hand_on_all(s: &mut Source<T>, out: &mut Vec<T>) {
+        let base = s.expected;
+        let mut kept: Vec<(u32, Option<T>)> = std::mem::take(&mut s.held).into_iter().collect();
+        kept.sort_by_key(|(seq, _)| seq.wrapping_sub(base));
+        if let Some((last, _)) = kept.last() {
+            s.expected = last.wrapping_add(1);
+        }
+        out.extend(kept.into_iter().filter_map(|(_, item)| item));
+    }
+}
+
+/// Writes `seq` into an encoded header `b` that has room for one (its flags say so).
+pub fn stamp_seq(b: &mut [u8], seq: u32) {
+    if b.first().is_some_and(|f| f & SEQ != 0) {
+        if let Some(at) = b.get_mut(1..5) {
+            at.copy_from_slice(&seq.to_le_bytes());
+        }
     }
 }
 
@@ -140,6 +317,16 @@ mod tests {
             data,
             total,
             offset,
+            ..Header::default()
+        };
+        let numbered = |h: Header, seq| Header {
+            seq: Some(seq),
+            ..h
+        };
+        let skip = |seq| Header {
+            seq: Some(seq),
+            skip: true,
+            ..Header::default()
         };
         for h in [
             Header::default(),
@@ -148,6 +335,10 @@ mod tests {
             h(Some(0x1234), Some(u64::MAX - 1), None, None),
             h(Some(1), Some(2), Some(1 << 20), None),
             h(None, None, None, Some(65536)),
+            numbered(Header::default(), 0),
+            numbered(h(Some(1), Some(2), Some(1 << 20), None), u32::MAX),
+            numbered(h(None, None, None, Some(65536)), 7),
+            skip(3),
         ] {
             let (b, n) = h.encode();
             assert_eq!(Header::decode(&b[..n]), Some((h, n)));
@@ -156,7 +347,25 @@ mod tests {
             }
         }
         assert_eq!(Header::decode(&[]), None);
-        assert_eq!(Header::decode(&[16]), None, "an unknown flag");
+        assert_eq!(Header::decode(&[64]), None, "an unknown flag");
+        assert_eq!(
+            Header::decode(&[SKIP]),
+            None,
+            "a skip marker without its number"
+        );
+        assert_eq!(
+            Header::decode(&[SKIP | SEQ | TAGGED, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]),
+            None,
+            "a skip marker has only its number"
+        );
+        let (longest, n) = numbered(h(Some(1), Some(2), Some(3), None), 4).encode();
+        assert_eq!((n, longest.len()), (PART_HEADER_MAX, PART_HEADER_MAX));
+        let (mut b, n) = numbered(h(Some(9), None, None, None), 0).encode();
+        stamp_seq(&mut b[..n], 0xdead_beef);
+        assert_eq!(
+            Header::decode(&b[..n]).map(|(h, _)| h.seq),
+            Some(Some(0xdead_beef))
+        );
         let mut cont_and_tag = [0u8; 17];
         cont_and_tag[0] = CONT | TAGGED;
         assert_eq!(
@@ -164,6 +373,156 @@ mod tests {
             None,
             "a later part has only its offset"
         );
+    }
+
+    /// Feeds `arrivals` (source endpoint, sequence number, payload or `None` for a skip marker)
+    /// and returns what each one handed on.
+    fn feed(r: &mut Reorder<u32>, arrivals: &[(u32, u32, Option<u32>)]) -> Vec<Vec<u32>> {
+        arrivals
+            .iter()
+            .map(|&(src, seq, item)| {
+                let mut out = Vec::new();
+                r.arrive(addr(src), seq, item, &mut out);
+                out
+            })
+            .collect()
+    }
+
+    #[test]
+    fn reorder_hands_each_senders_messages_on_in_number_order() {
+        let mut r = Reorder::default();
+        // Two senders interleaved, each with a message overtaken by later ones.
+        let got = feed(
+            &mut r,
+            &[
+                (1, 0, Some(10)),
+                (1, 2, Some(12)),
+                (2, 1, Some(21)),
+                (1, 3, Some(13)),
+                (2, 0, Some(20)),
+                (1, 1, Some(11)),
+                (2, 2, Some(22)),
+            ],
+        );
+        let want: Vec<Vec<u32>> = vec![
+            vec![10],
+            vec![],
+            vec![],
+            vec![],
+            vec![20, 21],
+            vec![11, 12, 13],
+            vec![22],
+        ];
+        assert_eq!(got, want);
+        assert_eq!(r.held(), 0);
+        assert!(!r.is_next(addr(1), 5));
+        assert!(r.is_next(addr(1), 4));
+        assert!(
+            r.is_next(addr(1), 1),
+            "a number behind is handed on at once"
+        );
+
+        // A failed send's number is skipped (its marker may itself overtake or be overtaken).
+        let got = feed(
+            &mut r,
+            &[
+                (1, 5, Some(15)),
+                (1, 4, None),
+                (1, 7, Some(17)),
+                (1, 6, None),
+                (1, 8, None),
+                (1, 9, Some(19)),
+            ],
+        );
+        assert_eq!(
+            got,
+            vec![vec![], vec![15], vec![], vec![17], vec![], vec![19]]
+        );
+        assert_eq!((r.held(), r.given_up, r.late), (0, 0, 0));
+
+        // A new sender, and numbers that wrap.
+        let mut w = Reorder::default();
+        let got = feed(&mut w, &[(1, 1, Some(1)), (1, 0, Some(0))]);
+        assert_eq!(
+            got,
+            vec![vec![], vec![0, 1]],
+            "a new sender is expected from 0"
+        );
+        let mut w = Reorder::default();
+        w.sources.insert(
+            addr(3),
+            Source {
+                expected: u32::MAX,
+                held: BTreeMap::new(),
+            },
+        );
+        let got = feed(&mut w, &[(3, 0, Some(1)), (3, u32::MAX, Some(0))]);
+        assert_eq!(got, vec![vec![], vec![0, 1]]);
+    }
+
+    #[test]
+    fn reorder_bounds_what_it_keeps_and_never_loses_or_stalls() {
+        // A sender WINDOW ahead is not waited for: its kept messages go on in order.
+        let mut r = Reorder::default();
+        let mut out = Vec::new();
+        for seq in 1..WINDOW as u32 {
+            r.arrive(addr(1), seq, Some(seq), &mut out);
+        }
+        assert!(out.is_empty());
+        assert_eq!(r.held(), WINDOW as usize - 1);
+        r.arrive(addr(1), WINDOW as u32, Some(WINDOW as u32), &mut out);
+        assert_eq!(out, (1..=WINDOW as u32).collect::<Vec<_>>());
+        assert_eq!((r.held(), r.given_up), (0, 1));
+        // The missing one, should it still come, is handed on (late), not lost.
+        out.clear();
+        r.arrive(addr(1), 0, Some(0), &mut out);
+        assert_eq!(
+            (out, r.late),
+            (vec![0], 0),
+            "0 behind: the sender began again"
+        );
+        let mut out = Vec::new();
+        r.arrive(addr(1), 1, Some(1), &mut out);
+        assert_eq!(out, vec![1], "numbered from 0 again");
+
+        // HELD_MAX in all: the sender whose message would exceed it is not waited for; the
+        // others keep their order.
+        let mut r = Reorder::default();
+        let mut out = Vec::new();
+        let per = (WINDOW - 1) as usize;
+        let mut src = 0;
+        while r.held() + per <= HELD_MAX {
+            src += 1;
+            for seq in 1..=per as u32 {
+                r.arrive(addr(src), seq, Some(seq), &mut out);
+            }
+        }
+        assert!(out.is_empty());
+        let held = r.held();
+        for seq in 1..=(HELD_MAX - held) as u32 {
+            r.arrive(addr(100), seq, Some(seq), &mut out);
+        }
+        assert_eq!((r.held(), out.len()), (HELD_MAX, 0));
+        r.arrive(addr(100), 1000, Some(1000), &mut out);
+        let mut want: Vec<u32> = (1..=(HELD_MAX - held) as u32).collect();
+        want.push(1000);
+        assert_eq!(out, want);
+        assert_eq!((r.held(), r.given_up), (held, 1));
+        out.clear();
+        r.arrive(addr(1), 0, Some(0), &mut out);
+        assert_eq!(out, (0..=per as u32).collect::<Vec<_>>());
+
+        // A gone sender's kept messages are handed on when it is forgotten; a duplicate
+        // number is not kept twice.
+        let mut r = Reorder::default();
+        let mut out = Vec::new();
+        r.arrive(addr(1), 2, Some(2), &mut out);
+        r.arrive(addr(1), 2, Some(22), &mut out);
+        assert_eq!((out.clone(), r.given_up), (vec![22, 2], 1));
+        out.clear();
+        r.arrive(addr(1), 5, Some(5), &mut out);
+        r.forget(addr(1), &mut out);
+        assert_eq!((out, r.held()), (vec![5], 0));
     }
 
     #[test]
