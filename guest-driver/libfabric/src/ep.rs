@@ -76,6 +76,11 @@ const MAX_RETRIES: u32 = 8;
 const POLL_BATCH: usize = 64;
 /// Progress passes between two services of the guest's NIC (control answers, stray frames).
 const NIC_SERVICE_EVERY: u32 = 1024;
+/// How long an RDM endpoint waits for a sender's missing message before it hands on what the
+/// sender sent after it ([`Reorder::expire`]). An honest sender fills a gap within its retries
+/// (8 backpressure waits) and a skip marker; what this bounds is a sender still numbering for an
+/// earlier endpoint at this address.
+const GAP_WAIT: Duration = Duration::from_secs(30);
 
 /// Flags `fi_sendmsg` accepts.
 const SEND_FLAGS: u64 = op_flags::FI_COMPLETION
@@ -635,6 +640,13 @@ impl EpInner {
         if s.passes % NIC_SERVICE_EVERY == 0 {
             if let Err(e) = self.domain.guest.poll_control() {
                 log::debug!("svnic provider: NIC service: {e}");
+            }
+            if s.order.held() > 0 {
+                let mut due = Vec::new();
+                s.order.expire(Instant::now(), GAP_WAIT, &mut due);
+                for a in due {
+                    s.arrived_or_part(a);
+                }
             }
         }
         s.progress();

@@ -168,11 +168,13 @@ pub struct Reorder<T> {
     pub late: u64,
 }
 
-/// One sender's state: the next number expected, and what arrived ahead of it (`None`: skipped).
+/// One sender's state: the next number expected, what arrived ahead of it (`None`: skipped),
+/// and since when something has been kept aside.
 #[derive(Debug)]
 struct Source<T> {
     expected: u32,
     held: BTreeMap<u32, Option<T>>,
+    since: Option<std::time::Instant>,
 }
 
 impl<T> Default for Reorder<T> {
@@ -205,6 +207,7 @@ impl<T> Reorder<T> {
         let s = self.sources.entry(src).or_insert_with(|| Source {
             expected: 0,
             held: BTreeMap::new(),
+            since: None,
         });
         let ahead = seq.wrapping_sub(s.expected);
         if ahead == 0 {
@@ -215,6 +218,8 @@ impl<T> Reorder<T> {
                 out.extend(next);
                 s.expected = s.expected.wrapping_add(1);
             }
+            // A gap further on, if any, is awaited from now.
+            s.since = (!s.held.is_empty()).then(std::time::Instant::now);
             return;
         }
         if ahead >= 1 << 31 {
@@ -231,6 +236,7 @@ impl<T> Reorder<T> {
         let fresh = !s.held.contains_key(&seq);
         if u64::from(ahead) < WINDOW && total < HELD_MAX && fresh {
             s.held.insert(seq, item);
+            s.since.get_or_insert_with(std::time::Instant::now);
             self.held += 1;
             return;
         }
@@ -249,6 +255,32 @@ impl<T> Reorder<T> {
         Self::hand_on_all(s, out);
     }
 
+    /// Gives up waiting for the senders whose missing messages have been awaited for `max_wait`
+    /// (a sender that lost its numbering without this endpoint learning of it, e.g. it kept the
+    /// numbering of an earlier endpoint at this address): what they kept aside is handed on now,
+    /// in number order. An honest sender's retries and skip markers fill a gap well before.
+    pub fn expire(
+        &mut self,
+        now: std::time::Instant,
+        max_wait: std::time::Duration,
+        out: &mut Vec<T>,
+    ) {
+        for (src, s) in self.sources.iter_mut() {
+            if s.since
+                .is_some_and(|t| now.saturating_duration_since(t) >= max_wait)
+            {
+                log::warn!(
+                    "svnic provider: gave up waiting {max_wait:?} for message {} from {src} ({} kept aside)",
+                    s.expected,
+                    s.held.len()
+                );
+                self.given_up += 1;
+                self.held = self.held.saturating_sub(s.held.len());
+                Self::hand_on_all(s, out);
+            }
+        }
+    }
+
     /// Forgets sender `src` (it is gone): what it kept aside is handed on now, in number order.
     pub fn forget(&mut self, src: ChannelAddr, out: &mut Vec<T>) {
         if let Some(mut s) = self.sources.remove(&src) {
@@ -265,6 +297,7 @@ impl<T> Reorder<T> {
         if let Some((last, _)) = kept.last() {
             s.expected = last.wrapping_add(1);
         }
+        s.since = None;
         out.extend(kept.into_iter().filter_map(|(_, item)| item));
     }
 }
@@ -454,10 +487,33 @@ mod tests {
             Source {
                 expected: u32::MAX,
                 held: BTreeMap::new(),
+                since: None,
             },
         );
         let got = feed(&mut w, &[(3, 0, Some(1)), (3, u32::MAX, Some(0))]);
         assert_eq!(got, vec![vec![], vec![0, 1]]);
+    }
+
+    #[test]
+    fn reorder_gives_up_a_gap_awaited_too_long_and_hands_on_in_order() {
+        let (a, b) = (addr(1), addr(2));
+        let mut r: Reorder<u32> = Reorder::default();
+        let mut out = Vec::new();
+        // A sender that kept an earlier endpoint's numbering: its first message here is 5.
+        r.arrive(a, 5, Some(5), &mut out);
+        r.arrive(a, 6, Some(6), &mut out);
+        r.arrive(b, 0, Some(100), &mut out);
+        assert_eq!(out, vec![100]);
+        let t0 = std::time::Instant::now();
+        let wait = std::time::Duration::from_secs(30);
+        r.expire(t0, wait, &mut out);
+        assert_eq!(out, vec![100], "not yet");
+        r.expire(t0 + wait + wait, wait, &mut out);
+        assert_eq!(out, vec![100, 5, 6]);
+        assert_eq!((r.held(), r.given_up), (0, 1));
+        // It goes on from there.
+        r.arrive(a, 7, Some(7), &mut out);
+        assert_eq!(out, vec![100, 5, 6, 7]);
     }
 
     #[test]
