@@ -24,7 +24,6 @@ use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use log::warn;
 use svnic_channels::frame::{AckFrame, AckKind, DataFrame, DataKind, Frame, FrameBody};
 use svnic_channels::message::FLAG_WANT_COMPLETION;
 use svnic_channels::{ChannelAddr, ChannelId, CompletionStatus, MacAddr, RawMessage};
@@ -48,6 +47,11 @@ const RX_BATCH: usize = 64;
 /// Stateless answers (NoRoute, RESET) a worker sends per second at most: they answer frames
 /// anyone on the wire can send.
 const STATELESS_PER_SEC: u32 = 1000;
+
+/// Addresses of local channels remembered for their acks: beyond this many the map starts
+/// afresh (it is refilled by the next frame of each live state; a channel destroyed on another
+/// worker is never forgotten here otherwise).
+const LOCAL_ADDRS_MAX: usize = 4096;
 
 /// How often silent receiving states are looked for.
 const EXPIRE_EVERY: Duration = Duration::from_millis(100);
@@ -449,7 +453,8 @@ impl WireSide {
                         ch.wake_if_sleeping(&ch.mem());
                     }
                 }
-                None => warn!(
+                None => svnic_control_plane::log_limited!(
+                    log::Level::Warn,
                     "uplink: {} completion(s) for {id}, which this worker no longer serves",
                     i - start
                 ),
@@ -676,6 +681,9 @@ impl Receiver<'_> {
         // The steering program sends a worker the frames of the endpoints placed on it.
         if dest.worker != self.index {
             bump(&self.counters.rx_off_worker, 1);
+        }
+        if self.local_addrs.len() >= LOCAL_ADDRS_MAX && !self.local_addrs.contains_key(&id) {
+            self.local_addrs.clear();
         }
         self.local_addrs.entry(id).or_insert(local);
         match self.recv.on_frame(id, remote, &h, self.now) {
