@@ -9,7 +9,8 @@ command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 # as and objcopy assemble the micro-VM's guest programs (guest-driver/microvm/build.rs).
 { command -v as && command -v objcopy; } >/dev/null 2>&1 || need_apt+=(binutils)
-# `ip` (network namespaces and veth pairs for the guest agent's tests, which skip without it).
+# `ip` and `ss` (network namespaces and veth pairs: the guest agent's tests and the hosts of the
+# uplink tests in tests/tests/wire.rs, which skip without them).
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 # kill(1), with which the VM tests stop QEMU (tests/src/vm.rs). `type -P` looks on PATH only:
 # bash's builtin `kill` would otherwise hide a missing procps (absent from minimal images).

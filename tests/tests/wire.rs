@@ -94,7 +94,7 @@ fn dma_data_of_one_mib_crosses_hosts_intact_and_in_order() {
         return;
     };
     let (ga, gb) = (guest(&hosts, 0, 0), guest(&hosts, 1, 0));
-    let (mut ca, mut cb) = (channel(&ga, 1, 4), channel(&gb, 1, 4));
+    let (mut ca, mut cb) = (channel(&ga, 1, 4), channel(&gb, 1, 16));
     let (to_b, from_a) = (cb.addr(), ca.addr());
     let sizes: Vec<u32> = vec![1 << 20, 1, 1456, 1457, 65_536, 1 << 20, 3000, 0x8_0001];
     let base_a = ca.layout().data_offset;
@@ -104,63 +104,65 @@ fn dma_data_of_one_mib_crosses_hosts_intact_and_in_order() {
             .map(|k| (k as usize * 31 + i * 7 + (k as usize >> 11)) as u8)
             .collect()
     };
+    // All in flight at once: B posts a 1 MiB buffer per message, A writes each message at an
+    // offset of its own and sends them back to back, so the sessions carry several messages
+    // (thousands of fragments) at a time and order is not given by lockstep.
+    let mut offset = base_a;
+    let mut sent = Vec::new();
     for (i, &len) in sizes.iter().enumerate() {
-        // B posts a 1 MiB buffer; A sends from the start of its data area.
         let post = DataRef {
-            offset: base_b + (i as u64 % 2) * (1 << 20),
+            offset: base_b + i as u64 * (1 << 20),
             len: 1 << 20,
         };
         assert!(cb.post_buffer(100 + i as u64, post).unwrap());
-        cb.flush().unwrap();
         let data = pattern(i, len);
-        ca.write_data(base_a, &data).unwrap();
+        ca.write_data(offset, &data).unwrap();
         assert!(ca
-            .send_dma(
-                to_b,
-                i as u64,
-                DataRef {
-                    offset: base_a,
-                    len
-                }
-            )
+            .send_dma(to_b, i as u64, DataRef { offset, len })
             .unwrap());
-        ca.flush().unwrap();
-        let mut got = None;
-        receive_until(
-            &gb,
-            &mut cb,
-            &format!("DMA-data {i} ({len} B)"),
-            |m| match m {
-                Message::DmaData(d) => {
-                    got = Some(d);
-                    true
-                }
-                _ => false,
-            },
-        );
-        let d = got.unwrap();
+        sent.push((post, data));
+        offset += u64::from(len).next_multiple_of(4096);
+    }
+    cb.flush().unwrap();
+    ca.flush().unwrap();
+    let mut got = Vec::new();
+    receive_until(&gb, &mut cb, "8 DMA-data messages", |m| match m {
+        Message::DmaData(d) => {
+            got.push(d);
+            got.len() == sizes.len()
+        }
+        other => panic!("unexpected {other:?}"),
+    });
+    for (i, (d, (post, data))) in got.iter().zip(&sent).enumerate() {
         assert_eq!(
             (d.peer, d.cookie, d.data.offset, d.data.len),
-            (from_a, 100 + i as u64, post.offset, len),
-            "message {i}"
+            (from_a, 100 + i as u64, post.offset, data.len() as u32),
+            "message {i} (in send order, into the buffers in post order)"
         );
         assert!(d.is_complete(), "message {i} not COMPLETE");
-        let mut back = vec![0u8; len as usize];
+        let mut back = vec![0u8; data.len()];
         cb.read_data(d.data.offset, &mut back).unwrap();
-        assert!(back == data, "message {i} ({len} B): data differs");
-        let mut done = None;
-        receive_until(&ga, &mut ca, &format!("completion {i}"), |m| match m {
-            Message::Completion(c) if c.cookie == i as u64 => {
-                done = Some(c);
-                true
-            }
-            _ => false,
-        });
-        let c = done.unwrap();
-        assert_eq!((c.status, c.len, c.peer), (CompletionStatus::Ok, len, to_b));
+        assert!(
+            back == *data,
+            "message {i} ({} B): data differs",
+            data.len()
+        );
     }
-    let _ = Completions::OnError;
-    let _: ChannelAddr = to_b;
+    let mut done = Vec::new();
+    receive_until(&ga, &mut ca, "8 completions", |m| match m {
+        Message::Completion(c) => {
+            done.push(c);
+            done.len() == sizes.len()
+        }
+        other => panic!("unexpected {other:?}"),
+    });
+    for (i, c) in done.iter().enumerate() {
+        assert_eq!(
+            (c.cookie, c.status, c.len, c.peer),
+            (i as u64, CompletionStatus::Ok, sizes[i], to_b),
+            "completion {i}"
+        );
+    }
 }
 
 /// Sends `n` user-data messages numbered 0..n from `ch` to `to` (retrying while the TX ring is

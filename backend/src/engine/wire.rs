@@ -495,10 +495,19 @@ impl WireSide {
             faulted,
             ..
         } = self;
+        // A session's frames come one after the other: its sender is looked up once for them.
+        let mut last: Option<(ChannelId, &EngineChannel)> = None;
         send.transmit(now, |f: FrameOut<'_, Outbound>| {
-            let Some(src) = served.served(f.local) else {
-                // The sender is gone; its sessions are forgotten at its detach. Nothing to send.
-                return true;
+            let src = match last {
+                Some((id, ch)) if id == f.local => ch,
+                _ => match served.served(f.local) {
+                    Some(ch) => {
+                        last = Some((f.local, ch));
+                        ch
+                    }
+                    // The sender is gone; its sessions are forgotten at its detach.
+                    None => return true,
+                },
             };
             let msg = f.handle;
             payload.clear();
