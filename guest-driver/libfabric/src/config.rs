@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 /// Largest message (`ep_attr->max_msg_size`), and the size of every receive bounce buffer.
 pub const DEFAULT_MAX_MSG_SIZE: usize = 64 << 10;
+/// Largest `FI_SVNIC_MAX_MSG_SIZE`.
+pub const LARGEST_MAX_MSG_SIZE: usize = 1 << 20;
 /// Receive bounce buffers posted in every channel.
 pub const DEFAULT_RX_BUFFERS: usize = 16;
 /// Send staging slots in every channel (one per DMA-data send in flight).
@@ -77,7 +79,12 @@ impl Config {
             endpoint: std::env::var("FI_SVNIC_ENDPOINT")
                 .ok()
                 .and_then(|v| v.trim().parse().ok()),
-            max_msg_size: var("FI_SVNIC_MAX_MSG_SIZE", DEFAULT_MAX_MSG_SIZE, 41, 1 << 20),
+            max_msg_size: var(
+                "FI_SVNIC_MAX_MSG_SIZE",
+                DEFAULT_MAX_MSG_SIZE,
+                41,
+                LARGEST_MAX_MSG_SIZE,
+            ),
             rx_buffers: var("FI_SVNIC_RX_BUFFERS", DEFAULT_RX_BUFFERS, 1, 256),
             tx_buffers: var("FI_SVNIC_TX_BUFFERS", DEFAULT_TX_BUFFERS, 1, 256),
             memory_mib: var("FI_SVNIC_MEMORY_MIB", DEFAULT_MEMORY_MIB, 16, 4096),

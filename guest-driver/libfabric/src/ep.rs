@@ -29,8 +29,11 @@
 //! - RDM unexpected messages: a message no posted receive matches waits in the unexpected
 //!   queue, a DMA-data one copied out of its bounce buffer (so the buffer takes the next
 //!   message) while the queue holds less than [`UNEXPECTED_BYTES`]; past that it keeps its
-//!   bounce buffer, and past [`UNEXPECTED_MAX`] messages the endpoint stops taking messages
-//!   from its RX ring: the engine backpressures the senders, nothing is dropped.
+//!   bounce buffer, and past [`UNEXPECTED_MAX`] messages or [`UNEXPECTED_BYTES`] bytes copied
+//!   out (messages reassembled from parts or kept aside for ordering are copies too) the
+//!   endpoint stops taking messages from its RX ring: the engine backpressures the senders,
+//!   nothing is dropped. A first part announcing more than 8 parts of the largest message size
+//!   is refused before anything is held for it.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::os::raw::{c_int, c_void};
@@ -793,7 +796,10 @@ impl EpState {
         let mut msgs = std::mem::take(&mut self.scratch);
         for _ in 0..16 {
             msgs.clear();
-            if self.rdm && self.unexpected.len() >= UNEXPECTED_MAX {
+            if self.rdm
+                && (self.unexpected.len() >= UNEXPECTED_MAX
+                    || self.unexpected_bytes >= UNEXPECTED_BYTES)
+            {
                 // Backpressure: the engine holds the senders until receives are posted.
                 break;
             }
@@ -1115,6 +1121,12 @@ impl EpState {
             (Some(total), _) => {
                 if let Some(old) = self.assembling.remove(&src) {
                     self.abandon(old, src, "a new message began before it ended");
+                }
+                // No sender can send more (8 parts of the largest message size); a peer that
+                // says so is not believed, and nothing is held or allocated for it.
+                if total > (rdm::MAX_PARTS * crate::config::LARGEST_MAX_MSG_SIZE) as u64 {
+                    log::warn!("svnic provider: a message of {total} bytes from {src} refused");
+                    return;
                 }
                 let hdr = Header {
                     total: None,
