@@ -407,10 +407,11 @@ pub enum AckKind {
         /// The next sequence number the receiver expects.
         ack: u32,
     },
-    /// Every frame before `ack` was processed, and message `message_id`, whose first frame is
-    /// `ack`, failed with `status` (never [`CompletionStatus::Ok`]).
+    /// Every frame before `ack` was processed, and message `message_id`, of which `ack` is the
+    /// frame the receiver could not take (its first frame, or a later one), failed with `status`
+    /// (never [`CompletionStatus::Ok`]).
     Reject {
-        /// Sequence number of the rejected message's first frame.
+        /// Sequence number of the frame of the rejected message the receiver could not take.
         ack: u32,
         /// The rejected message.
         message_id: u32,

@@ -120,7 +120,12 @@ fn reliable_config(
     r.max_rto = r.max_rto.min(r.peer_timeout);
     r.initial_rto = r.initial_rto.min(r.max_rto);
     r.min_rto = r.min_rto.min(r.initial_rto);
-    r.state_lifetime = r.state_lifetime.max(r.peer_timeout.saturating_mul(2));
+    // A state blocked for the whole backpressure wait takes no frame meanwhile: it must outlive
+    // that wait to reject its message, rather than expire and answer RESET.
+    r.state_lifetime = r
+        .state_lifetime
+        .max(r.peer_timeout.saturating_mul(2))
+        .max(r.backpressure_wait.saturating_mul(2));
     r.validate().map_err(EngineError::Uplink)?;
     Ok(r)
 }

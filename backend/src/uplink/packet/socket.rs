@@ -254,16 +254,16 @@ impl PacketSocket {
         Ok(())
     }
 
-    /// Walks the RX ring: calls `f` with each received frame (the whole Ethernet frame, VLAN
-    /// tag in place) for at most `max` ring slots, and returns the slots to the kernel. Never
-    /// blocks. Returns the number of frames handed to `f`; slots holding frames that are
-    /// dropped (truncated, our own) count toward `max` but not the result.
     /// True if the kernel has handed a frame to the RX ring that [`PacketSocket::receive`] has
     /// not taken yet: one load of a slot's status, no syscall.
     pub fn has_frames(&self) -> bool {
         self.rx.status(self.rx.head()) & libc::TP_STATUS_USER != 0
     }
 
+    /// Walks the RX ring: calls `f` with each received frame (the whole Ethernet frame, VLAN
+    /// tag in place) for at most `max` ring slots, and returns the slots to the kernel. Never
+    /// blocks. Returns the number of frames handed to `f`; slots holding frames that are
+    /// dropped (truncated, our own) count toward `max` but not the result.
     pub fn receive(&mut self, max: usize, mut f: impl FnMut(&[u8])) -> usize {
         let mut delivered = 0;
         let mut losing = false;

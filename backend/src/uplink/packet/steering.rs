@@ -17,16 +17,18 @@
 
 use libc::sock_filter;
 
+use svnic_channels::frame::FrameType;
+
 /// EtherType of svnic frames (docs/abi.md §7).
-pub const SVNIC_ETHERTYPE: u16 = 0x88B5;
+pub const SVNIC_ETHERTYPE: u16 = svnic_channels::frame::ETHERTYPE;
 /// The svnic frame version the program steers by endpoint.
-pub const SVNIC_VERSION: u8 = 1;
+pub const SVNIC_VERSION: u8 = svnic_channels::frame::FRAME_VERSION;
 /// Frame type of a data frame.
-pub const TYPE_DATA: u8 = 3;
+pub const TYPE_DATA: u8 = FrameType::Data as u8;
 /// Frame type of an acknowledgement.
-pub const TYPE_ACK: u8 = 6;
+pub const TYPE_ACK: u8 = FrameType::Ack as u8;
 /// Frame offset of the destination endpoint (u32, little-endian) in data and ack frames.
-pub const DST_ENDPOINT_OFFSET: usize = 22;
+pub const DST_ENDPOINT_OFFSET: usize = svnic_channels::frame::DST_ENDPOINT_OFFSET;
 
 /// Base of the cBPF load offsets relative to the frame's link-layer (Ethernet) header
 /// (`SKF_LL_OFF` in linux/filter.h). A fanout program runs on the skb with its data pointing

@@ -54,7 +54,7 @@ pub struct ReliableConfig {
     pub peer_timeout: Duration,
     /// How long a receiver retries a frame it cannot place before rejecting its message.
     pub backpressure_wait: Duration,
-    /// A receiving state without frames for this long may be dropped (a partial message with
+    /// A receiving state without progress (a frame taken) for this long may be dropped (a partial message with
     /// it); a sending session idle for half of it starts a new session before its next message.
     pub state_lifetime: Duration,
     /// Sending sessions per table.
@@ -82,6 +82,13 @@ impl Default for ReliableConfig {
     }
 }
 
+/// Smallest fragment: the capacity at the smallest MTU. Smaller fragments would number a
+/// session's queued messages (up to 4096 of 1 MiB) past 2^31 frames, where serial-number
+/// comparisons are ambiguous.
+pub const MIN_CHUNK: usize = svnic_channels::frame::MIN_MTU
+    - svnic_channels::frame::SVNIC_HEADER_LEN
+    - svnic_channels::frame::DATA_HEADER_LEN;
+
 /// Largest window: far below 2^31, so serial-number comparisons never become ambiguous even
 /// with every queued message numbered ahead of the window.
 pub const MAX_WINDOW_FRAMES: u32 = 1 << 16;
@@ -91,8 +98,11 @@ impl ReliableConfig {
     pub fn validate(&self) -> Result<(), String> {
         let err =
             |field: &str, what: String| Err(format!("reliable uplink config: {field} {what}"));
-        if self.chunk == 0 || self.chunk > usize::from(u16::MAX) {
-            return err("chunk", format!("{} is not in 1..=65535", self.chunk));
+        if self.chunk < MIN_CHUNK || self.chunk > usize::from(u16::MAX) {
+            return err(
+                "chunk",
+                format!("{} is not in {MIN_CHUNK}..=65535", self.chunk),
+            );
         }
         if self.window_frames == 0 || self.window_frames > MAX_WINDOW_FRAMES {
             return err(
@@ -295,15 +305,20 @@ mod tests {
     #[test]
     fn default_config_is_valid_and_each_bad_field_is_named() {
         let c = ReliableConfig::default();
-        assert_eq!(c.chunk, 1456);
+        assert_eq!((c.chunk, MIN_CHUNK), (1456, 24));
         assert_eq!(c.validate(), Ok(()));
         assert_eq!(c.frames_of(0), 1);
         assert_eq!(c.frames_of(1456), 1);
         assert_eq!(c.frames_of(1457), 2);
         assert_eq!(c.frames_of(MAX_MESSAGE_LEN), 721);
         type Spoil = fn(&mut ReliableConfig);
-        let cases: [(&str, Spoil); 7] = [
+        let cases: [(&str, Spoil); 11] = [
             ("chunk", |c| c.chunk = 0),
+            ("chunk", |c| c.chunk = MIN_CHUNK - 1),
+            ("chunk", |c| c.chunk = 65_536),
+            ("min_rto/initial_rto/max_rto", |c| {
+                c.initial_rto = c.max_rto * 2
+            }),
             ("window_frames", |c| c.window_frames = MAX_WINDOW_FRAMES + 1),
             ("max_messages", |c| c.max_messages = 0),
             ("min_rto", |c| c.min_rto = Duration::ZERO),
@@ -311,7 +326,8 @@ mod tests {
                 c.peer_timeout = Duration::from_millis(1)
             }),
             ("state_lifetime", |c| c.state_lifetime = c.peer_timeout),
-            ("max_send_sessions", |c| c.max_recv_sessions = 0),
+            ("max_send_sessions", |c| c.max_send_sessions = 0),
+            ("max_recv_sessions", |c| c.max_recv_sessions = 0),
         ];
         for (field, spoil) in cases {
             let mut c = ReliableConfig::default();

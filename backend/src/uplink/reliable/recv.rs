@@ -38,7 +38,7 @@ counters! {
         rejects_resent,
         /// Partial messages given up (sender silent for the state lifetime, or a new session).
         abandoned,
-        /// States dropped after the state lifetime without frames.
+        /// States dropped after the state lifetime without progress.
         states_expired,
     }
 }
@@ -130,6 +130,7 @@ pub struct RecvSession<P> {
     current: Option<DataHeader>,
     ack_due: bool,
     ack_queued: bool,
+    /// When this state last made progress (began a session, took a frame).
     last_frame: Instant,
     backpressure_wait: Duration,
     counters: RecvCounters,
@@ -203,8 +204,11 @@ impl<P> RecvSession<P> {
                 return Verdict::Drop;
             }
             self.start(h.session, abandoned);
+            self.last_frame = now;
         }
-        self.last_frame = now;
+        // `last_frame` moves only with progress (a new session above, a frame taken in
+        // `accepted`): duplicates, frames out of order and invalid ones, which anyone on the wire
+        // can send, do not keep a state (and a partial message's reserved buffer) alive.
         if let Some(r) = self.reject {
             // Only the first frame of a later message at the rejected frame's place ends the
             // reject: the sender has heard it and renumbered.
@@ -361,7 +365,7 @@ impl<P> RecvSession<P> {
 }
 
 /// The receiving states of one worker, keyed by (local channel, remote channel address), at
-/// most `max_recv_sessions`; a state is evicted only after `state_lifetime` without frames.
+/// most `max_recv_sessions`; a state is evicted only after `state_lifetime` without progress (a frame taken).
 #[derive(Debug)]
 pub struct RecvTable<P> {
     cfg: ReliableConfig,
@@ -436,6 +440,15 @@ impl<P> RecvTable<P> {
             if h.seq != 0 {
                 self.retired.resets_sent += 1;
                 return Verdict::Reset;
+            }
+            // Only a frame that can begin a message takes a slot in the table.
+            let end = u64::from(h.frag_offset) + u64::from(h.frag_len);
+            let starts = h.frag_offset == 0
+                && end <= u64::from(h.total_len)
+                && (h.frag_len > 0 || h.total_len == 0);
+            if !starts {
+                self.retired.invalid += 1;
+                return Verdict::Drop;
             }
             if self.sessions.len() >= self.cfg.max_recv_sessions && !self.evict_one(now) {
                 self.retired.table_full += 1;
@@ -553,7 +566,7 @@ impl<P> RecvTable<P> {
             .collect()
     }
 
-    /// Drops every state without frames for the state lifetime; partial messages among them
+    /// Drops every state without progress for the state lifetime; partial messages among them
     /// go to [`RecvTable::take_abandoned`].
     pub fn expire(&mut self, now: Instant) {
         for k in self.keys_where(|_, s| self.expired(s, now)) {

@@ -493,8 +493,10 @@ impl<T> SendSession<T> {
         self.heard = now;
         self.last_active = now;
         // Every frame before `ack` was processed: the messages before this one are delivered.
-        for m in self.queue.drain(..idx).collect::<Vec<_>>() {
-            self.complete(m, CompletionStatus::Ok, completions);
+        for _ in 0..idx {
+            if let Some(m) = self.queue.pop_front() {
+                self.complete(m, CompletionStatus::Ok, completions);
+            }
         }
         if let Some(m) = self.queue.pop_front() {
             self.complete(m, status, completions);

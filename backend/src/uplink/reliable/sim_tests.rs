@@ -736,6 +736,43 @@ fn a_fragment_must_continue_its_message_exactly() {
     assert_eq!(r.take_abandoned().collect::<Vec<_>>(), vec![(B_CH, 99)]);
 }
 
+#[test]
+fn frames_that_make_no_progress_do_not_keep_a_partial_message_alive() {
+    let t = Instant::now();
+    let mut r: RecvTable<u32> = RecvTable::new(ReliableConfig::default());
+    expect_process(&mut r, &header(1, 0, 10, 30, 0, 10), t, true, false);
+    assert_eq!(r.accepted(B_CH, A_ADDR, Some(99), t), None);
+    // Every second for 20 s: the same old frame again (a duplicate), a frame ahead (out of
+    // order) and one that does not continue the message (invalid). Anyone on the wire can send
+    // them; none is progress.
+    for s in 1..=20u64 {
+        let at = t + Duration::from_secs(s);
+        for h in [
+            header(1, 0, 10, 30, 0, 10),
+            header(1, 5, 10, 30, 10, 10),
+            header(1, 1, 10, 30, 9, 10),
+        ] {
+            assert_eq!(r.on_frame(B_CH, A_ADDR, &h, at), Verdict::Drop, "{h:?}");
+        }
+        r.expire(at);
+        if s >= 10 {
+            break;
+        }
+    }
+    // Ten seconds after its last frame taken the state is gone, and its reserved buffer back.
+    assert_eq!(r.len(), 0);
+    assert_eq!(r.take_abandoned().collect::<Vec<_>>(), vec![(B_CH, 99)]);
+    // A first frame that cannot begin a message takes no slot.
+    for h in [
+        header(2, 0, 1, 30, 10, 10),
+        header(2, 0, 1, 5, 0, 10),
+        header(2, 0, 1, 5, 0, 0),
+    ] {
+        assert_eq!(r.on_frame(B_CH, A_ADDR, &h, t), Verdict::Drop, "{h:?}");
+    }
+    assert_eq!(r.len(), 0);
+}
+
 /// Feeds an ack from B to `local` into `s`; returns the completions.
 fn ack_in(
     s: &mut SendTable<u32>,
