@@ -144,7 +144,8 @@ impl FrameHandler {
             FrameBody::ControlResponse(_)
             | FrameBody::Wake { .. }
             | FrameBody::Data(_)
-            | FrameBody::Ack(_) => {
+            | FrameBody::Ack(_)
+            | FrameBody::Bundle(_) => {
                 self.drop_frame(port, "engine-to-guest or uplink frame sent by a guest")
             }
         }

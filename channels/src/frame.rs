@@ -8,7 +8,7 @@
 //!     12     2  EtherType 0x88B5, big-endian (the only big-endian field)
 //!     14     1  version (1)
 //!     15     1  frame type: 1 control request, 2 control response, 3 data, 4 doorbell, 5 wake,
-//!                 6 ack
+//!                 6 ack, 7 bundle
 //!     16     2  flags, must be 0
 //!     18     -  body (little-endian), by type
 //! ```
@@ -30,9 +30,15 @@
 //! well-formed but unacceptable create request decodes, and the control plane answers it with the
 //! precise [`FailureReason`].
 
+mod bundle;
 mod fragment;
 mod reassembly;
 mod wire;
+
+pub use bundle::{
+    bundle_entry_len, BundleEntry, BundleFrame, BUNDLE_ENTRY_HEADER_LEN, BUNDLE_HEADER_LEN,
+    MAX_BUNDLE_COUNT, MIN_BUNDLE_COUNT,
+};
 
 pub use fragment::{fragment, DataMessage, Fragments};
 pub use reassembly::{
@@ -66,7 +72,7 @@ pub const CONTROL_RESPONSE_LEN: usize = 20;
 pub const DATA_HEADER_LEN: usize = 40;
 /// Body length of an ack frame.
 pub const ACK_LEN: usize = 24;
-/// Offset of a data or ack frame's `dst_endpoint` in the frame (body offset 4): a packet-fanout
+/// Offset of a data, ack or bundle frame's `dst_endpoint` in the frame (body offset 4): a packet-fanout
 /// program steers frames to workers by this field, so it never moves.
 pub const DST_ENDPOINT_OFFSET: usize = BODY_OFFSET + 4;
 /// Body length of a doorbell or a wake.
@@ -98,6 +104,8 @@ wire_enum! {
         Wake = 5 => "wake",
         /// Engine -> engine over an uplink: acknowledgement, reject or reset of a session.
         Ack = 6 => "ack",
+        /// Engine -> engine over an uplink: several whole user-data messages in one frame.
+        Bundle = 7 => "bundle",
     }
 }
 
@@ -110,6 +118,7 @@ impl FrameType {
             FrameType::Data => DATA_HEADER_LEN,
             FrameType::Doorbell | FrameType::Wake => NOTIFY_LEN,
             FrameType::Ack => ACK_LEN,
+            FrameType::Bundle => BUNDLE_HEADER_LEN,
         }
     }
 
@@ -121,6 +130,7 @@ impl FrameType {
             FrameType::Doorbell => "doorbell",
             FrameType::Wake => "wake",
             FrameType::Ack => "ack frame",
+            FrameType::Bundle => "bundle frame",
         }
     }
 }
@@ -158,6 +168,8 @@ pub enum FrameBody<'a> {
     },
     /// Engine -> engine: acknowledgement, reject or reset of a session of data frames.
     Ack(AckFrame),
+    /// Engine -> engine: several whole user-data messages of a session in one frame.
+    Bundle(BundleFrame<'a>),
 }
 
 impl FrameBody<'_> {
@@ -170,6 +182,7 @@ impl FrameBody<'_> {
             FrameBody::Doorbell { .. } => FrameType::Doorbell,
             FrameBody::Wake { .. } => FrameType::Wake,
             FrameBody::Ack(_) => FrameType::Ack,
+            FrameBody::Bundle(_) => FrameType::Bundle,
         }
     }
 }
@@ -420,6 +433,13 @@ pub enum AckKind {
     },
     /// The receiver holds no state for this session (flag bit 0; every other field 0).
     Reset,
+    /// As [`AckKind::Cumulative`], and the receiver could not place frame `ack` now (no free RX
+    /// slot or posted buffer): it drops the frames after it until it can (flag bit 1, status 0,
+    /// `message_id` 0).
+    Blocked {
+        /// The next sequence number the receiver expects: the frame it could not place.
+        ack: u32,
+    },
 }
 
 /// An acknowledgement from the receiving channel's engine back to the sending channel's engine.
@@ -475,6 +495,7 @@ impl<'a> Frame<'a> {
             FrameBody::ControlResponse(r) => r.validate(),
             FrameBody::Data(d) => d.validate(),
             FrameBody::Ack(a) => a.validate(),
+            FrameBody::Bundle(b) => b.validate(),
             FrameBody::ControlRequest(_) | FrameBody::Doorbell { .. } | FrameBody::Wake { .. } => {
                 Ok(())
             }
@@ -485,6 +506,7 @@ impl<'a> Frame<'a> {
     pub fn content_len(&self) -> usize {
         let payload = match &self.body {
             FrameBody::Data(d) => d.payload.len(),
+            FrameBody::Bundle(b) => b.entries.len(),
             _ => 0,
         };
         BODY_OFFSET + self.body.frame_type().body_len() + payload
@@ -510,8 +532,10 @@ impl<'a> Frame<'a> {
         let body_start = out.len();
         out.resize(body_start + self.body.frame_type().body_len(), 0);
         wire::write_body(&self.body, &mut out[body_start..]);
-        if let FrameBody::Data(d) = &self.body {
-            out.extend_from_slice(d.payload);
+        match &self.body {
+            FrameBody::Data(d) => out.extend_from_slice(d.payload),
+            FrameBody::Bundle(b) => out.extend_from_slice(b.entries),
+            _ => {}
         }
         let padded = start + MIN_FRAME_LEN;
         if out.len() < padded {
@@ -590,6 +614,8 @@ pub fn control_request_id(bytes: &[u8]) -> Option<u32> {
     b.u32(off::REQ_ID, "control request").ok()
 }
 
+#[cfg(test)]
+mod bundle_tests;
 #[cfg(test)]
 mod fragment_tests;
 #[cfg(test)]

@@ -11,8 +11,9 @@ use std::fs;
 use std::path::Path;
 
 use svnic_channels::frame::{
-    fragment, AckFrame, AckKind, ControlOp, ControlRequest, ControlResponse, ControlStatus,
-    CreateRequest, DataKind, DataMessage, Frame, FrameBody, MessageHeader, DEFAULT_MTU, MIN_MTU,
+    fragment, AckFrame, AckKind, BundleEntry, BundleFrame, ControlOp, ControlRequest,
+    ControlResponse, ControlStatus, CreateRequest, DataKind, DataMessage, Frame, FrameBody,
+    MessageHeader, DEFAULT_MTU, MIN_MTU,
 };
 use svnic_channels::message::{FLAG_COMPLETE, FLAG_WANT_COMPLETION};
 use svnic_channels::{
@@ -184,7 +185,36 @@ fn control_frames() -> Vec<(&'static str, Frame<'static>)> {
             }),
         ),
         ("ack-reset", ack(AckKind::Reset)),
+        ("ack-blocked", ack(AckKind::Blocked { ack: 3 })),
+        ("bundle", bundle()),
     ]
+}
+
+/// A bundle of three small messages (the entries live as long as the seed writer).
+fn bundle() -> Frame<'static> {
+    let mut entries = Vec::new();
+    for (cookie, payload) in [(1u64, &b"one"[..]), (2, b""), (3, &[7; 40])] {
+        BundleEntry {
+            cookie,
+            msg_flags: 0,
+            payload,
+        }
+        .encode_into(&mut entries)
+        .expect("a valid entry");
+    }
+    Frame {
+        dst: REMOTE,
+        src: ENGINE,
+        body: FrameBody::Bundle(BundleFrame {
+            src_endpoint: 7,
+            dst_endpoint: 9,
+            session: 0x5e55,
+            seq: 4,
+            first_message_id: 10,
+            count: 3,
+            entries: entries.leak(),
+        }),
+    }
 }
 
 fn message_to_send(payload: &[u8], id: u32, kind: DataKind) -> DataMessage<'_> {

@@ -88,6 +88,14 @@ impl Outbound {
         }
     }
 
+    /// User-data's inline bytes; `None` for DMA-data.
+    pub fn inline(&self) -> Option<&[u8]> {
+        match &self.body {
+            OutboundBody::Inline { len, bytes } => bytes.get(..usize::from(*len)),
+            OutboundBody::Dma(_) => None,
+        }
+    }
+
     /// The message's length in bytes.
     pub fn len(&self) -> u32 {
         match self.body {

@@ -24,7 +24,10 @@ use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use svnic_channels::frame::{AckFrame, AckKind, DataFrame, DataKind, Frame, FrameBody};
+use svnic_channels::frame::{
+    bundle_entry_len, AckFrame, AckKind, BundleEntry, BundleFrame, DataFrame, DataKind, Frame,
+    FrameBody,
+};
 use svnic_channels::message::FLAG_WANT_COMPLETION;
 use svnic_channels::{ChannelAddr, ChannelId, CompletionStatus, MacAddr, RawMessage};
 use svnic_control_plane::RoutingSnapshot;
@@ -36,8 +39,8 @@ use super::remote::{Incoming, Outbound, Placement};
 use crate::counter_set::counter_set;
 use crate::uplink::packet::PacketSocket;
 use crate::uplink::reliable::{
-    Blocked, Completed, DataHeader, FaultInjection, FaultInjector, FrameOut, RecvTable, Refused,
-    ReliableConfig, SendTable, Verdict,
+    Blocked, BundleHeader, BundleVerdict, Completed, DataHeader, FaultInjection, FaultInjector,
+    FrameOut, RecvTable, Refused, ReliableConfig, SendTable, Verdict,
 };
 use crate::uplink::{Ingress, LocalPorts};
 
@@ -72,7 +75,7 @@ counter_set! {
     pub struct WireCounts {
         /// Frames taken from the socket.
         rx_frames,
-        /// Data frames taken.
+        /// Data and bundle frames taken.
         rx_data,
         /// Ack frames taken.
         rx_acks,
@@ -109,6 +112,9 @@ counter_set! {
         data_retransmitted,
         /// Retransmission timeouts.
         timeouts,
+        /// Pauses of a session after a blocked ack (the receiver could not place the window
+        /// base).
+        pauses,
         /// Peer timeouts (every message of a session failed PeerUnreachable).
         peer_timeouts,
         /// Messages completed Ok by the peer.
@@ -119,6 +125,8 @@ counter_set! {
         frames_accepted,
         /// Remote messages delivered into local channels.
         messages_delivered,
+        /// Bundle frames (several small messages) taken whole.
+        bundles_accepted,
         /// Data frames dropped as duplicates.
         duplicates,
         /// Data frames dropped as out of order.
@@ -279,7 +287,11 @@ impl WireSide {
             return Outcome::Failed(CompletionStatus::BadMessage);
         };
         let len = msg.len();
-        match self.send.offer(src.id, peer, msg, len, Instant::now()) {
+        let entry = msg.inline().map(|p| bundle_entry_len(p.len()) as u32);
+        match self
+            .send
+            .offer(src.id, peer, msg, len, entry, Instant::now())
+        {
             Ok(()) => Outcome::Forwarded,
             Err(Refused::Full(_) | Refused::TableFull(_)) => Outcome::Held,
             Err(Refused::TooLarge(_)) => Outcome::Failed(CompletionStatus::UplinkError),
@@ -354,11 +366,13 @@ impl WireSide {
         c.data_sent = s.frames_sent;
         c.data_retransmitted = s.frames_retransmitted;
         c.timeouts = s.timeouts;
+        c.pauses = s.pauses;
         c.peer_timeouts = s.peer_timeouts;
         c.completed_ok = s.completed_ok;
         c.completed_error = s.completed_error;
         c.frames_accepted = r.frames_accepted;
         c.messages_delivered = r.messages_delivered;
+        c.bundles_accepted = r.bundles_accepted;
         c.duplicates = r.duplicates;
         c.out_of_order = r.out_of_order;
         c.invalid = r.invalid;
@@ -511,6 +525,39 @@ impl WireSide {
             };
             let msg = f.handle;
             payload.clear();
+            if let Some(bundle) = f.bundle {
+                let count = bundle.len() as u16;
+                for (_, m) in bundle {
+                    let entry = BundleEntry {
+                        cookie: m.cookie,
+                        msg_flags: m.flags,
+                        payload: m.inline().unwrap_or_default(),
+                    };
+                    // Cannot fail (user-data was checked when taken); an entry left out makes
+                    // the frame invalid at the receiver and the peer timeout fails it.
+                    let _ = entry.encode_into(payload);
+                }
+                let bundle = Frame {
+                    dst: f.remote.mac,
+                    src: src.addr.mac,
+                    body: FrameBody::Bundle(BundleFrame {
+                        src_endpoint: src.addr.endpoint,
+                        dst_endpoint: f.remote.endpoint,
+                        session: f.session,
+                        seq: f.seq,
+                        first_message_id: f.message_id,
+                        count,
+                        entries: payload,
+                    }),
+                };
+                frame.clear();
+                if bundle.encode_into(frame).is_err() {
+                    return true;
+                }
+                let ok = emit(socket, fault.as_mut(), counters, frame, faulted);
+                sent += u64::from(ok);
+                return ok;
+            }
             payload.resize(f.frag_len as usize, 0);
             if !msg.read(&src.mem(), f.frag_offset, payload) {
                 // Cannot happen (the range was checked when the message was taken); sent empty,
@@ -633,6 +680,10 @@ impl Receiver<'_> {
                 bump(&c.rx_acks, 1);
                 self.ack(frame.dst, frame.src, &a);
             }
+            FrameBody::Bundle(b) => {
+                bump(&c.rx_data, 1);
+                self.bundle(frame.dst, frame.src, &b);
+            }
             // Control frames, doorbells and wakes only ever come from a guest's own port.
             _ => bump(&c.rx_malformed, 1),
         }
@@ -662,6 +713,75 @@ impl Receiver<'_> {
         }
     }
 
+    /// The local channel a data or bundle frame is for, or None after answering or counting a
+    /// frame for no channel (NoRoute for `(seq, message_id)` of `session`).
+    fn destination(
+        &mut self,
+        local: ChannelAddr,
+        remote: ChannelAddr,
+        (session, seq, message_id): (u32, u32, u32),
+    ) -> Option<(ChannelId, Arc<EngineChannel>)> {
+        let routes = self.routes;
+        let Some((id, dest)) = routes.lookup(&local) else {
+            if self.ports.owns(local.mac) {
+                bump(&self.counters.rx_no_route, 1);
+                let no_route = AckKind::Reject {
+                    ack: seq,
+                    message_id,
+                    status: CompletionStatus::NoRoute,
+                };
+                self.answer(local, remote, session, no_route);
+            } else {
+                bump(&self.counters.rx_not_local, 1);
+            }
+            return None;
+        };
+        // The steering program sends a worker the frames of the endpoints placed on it.
+        if dest.worker != self.index {
+            bump(&self.counters.rx_off_worker, 1);
+        }
+        if self.local_addrs.len() >= LOCAL_ADDRS_MAX && !self.local_addrs.contains_key(id) {
+            self.local_addrs.clear();
+        }
+        self.local_addrs.entry(*id).or_insert(local);
+        Some((*id, dest.clone()))
+    }
+
+    fn bundle(&mut self, dst: MacAddr, src: MacAddr, b: &BundleFrame<'_>) {
+        let local = ChannelAddr {
+            mac: dst,
+            endpoint: b.dst_endpoint,
+        };
+        let remote = ChannelAddr {
+            mac: src,
+            endpoint: b.src_endpoint,
+        };
+        let h = BundleHeader::of(b);
+        let Some((id, dest)) =
+            self.destination(local, remote, (h.session, h.seq, h.first_message_id))
+        else {
+            return;
+        };
+        let skip = match self.recv.on_bundle(id, remote, &h, self.now) {
+            BundleVerdict::Process { skip } => skip,
+            BundleVerdict::Drop => return,
+            BundleVerdict::Reset => return self.answer(local, remote, h.session, AckKind::Reset),
+        };
+        for (_, entry) in b.entries().skip(usize::from(skip)) {
+            let mut msg = Incoming::User {
+                len: 0,
+                bytes: [0; svnic_channels::message::INLINE_CAPACITY],
+            };
+            if let Err(outcome) = msg.take(0, entry.payload) {
+                return self.refused(id, remote, outcome);
+            }
+            match msg.finish(&dest, remote, entry.cookie) {
+                Outcome::Delivered { .. } => self.recv.entry_accepted(id, remote, self.now),
+                outcome => return self.refused(id, remote, outcome),
+            }
+        }
+    }
+
     fn data(&mut self, dst: MacAddr, src: MacAddr, d: &DataFrame<'_>) {
         let local = ChannelAddr {
             mac: dst,
@@ -672,29 +792,11 @@ impl Receiver<'_> {
             endpoint: d.header.src_endpoint,
         };
         let h = DataHeader::of(d);
-        let Some((id, dest)) = self.routes.lookup(&local) else {
-            if self.ports.owns(dst) {
-                bump(&self.counters.rx_no_route, 1);
-                self.answer(
-                    local,
-                    remote,
-                    h.session,
-                    crate::uplink::reliable::no_route(&h),
-                );
-            } else {
-                bump(&self.counters.rx_not_local, 1);
-            }
+        let Some((id, dest)) = self.destination(local, remote, (h.session, h.seq, h.message_id))
+        else {
             return;
         };
-        let (id, dest) = (*id, dest);
-        // The steering program sends a worker the frames of the endpoints placed on it.
-        if dest.worker != self.index {
-            bump(&self.counters.rx_off_worker, 1);
-        }
-        if self.local_addrs.len() >= LOCAL_ADDRS_MAX && !self.local_addrs.contains_key(&id) {
-            self.local_addrs.clear();
-        }
-        self.local_addrs.entry(id).or_insert(local);
+        let dest = &dest;
         match self.recv.on_frame(id, remote, &h, self.now) {
             Verdict::Drop => {}
             Verdict::Reset => self.answer(local, remote, h.session, AckKind::Reset),

@@ -162,6 +162,10 @@ fn encodings_have_the_documented_bytes() {
     let b = enc(&frame(ack(AckKind::Cumulative { ack: 9 })));
     assert_eq!(&b[body_at(12)..body_at(16)], &9u32.to_le_bytes());
     assert_eq!(&b[body_at(16)..body_at(24)], &[0; 8]);
+    let b = enc(&frame(ack(AckKind::Blocked { ack: 9 })));
+    assert_eq!(&b[body_at(12)..body_at(16)], &9u32.to_le_bytes());
+    assert_eq!(&b[body_at(16)..body_at(22)], &[0; 6]);
+    assert_eq!(&b[body_at(22)..body_at(24)], &[2, 0]);
 
     let b = enc(&frame(FrameBody::Wake {
         channel: ChannelId(0x01020304),
@@ -295,7 +299,7 @@ fn unknown_version_type_and_flags_are_refused() {
     let mut v = b.clone();
     v[14] = 2;
     assert!(matches!(Frame::decode(&v), Err(DecodeError::NotSvnic(_))));
-    for t in [0, 7, 255] {
+    for t in [0, 8, 255] {
         let mut v = b.clone();
         v[15] = t;
         assert!(matches!(
@@ -518,16 +522,26 @@ fn data_frame_errors() {
 fn ack_frame_errors() {
     let cumulative = enc(&frame(ack(AckKind::Cumulative { ack: 5 })));
     let reset = enc(&frame(ack(AckKind::Reset)));
-    // Flag bits other than RESET, with or without RESET.
-    for flags in [2u16, 0x8000, 3] {
-        for b in [&cumulative, &reset] {
+    let blocked = enc(&frame(ack(AckKind::Blocked { ack: 5 })));
+    // Flag bits other than RESET and BLOCKED, with or without them, and both together.
+    for flags in [4u16, 0x8000, 3, 5, 6] {
+        for b in [&cumulative, &reset, &blocked] {
             assert!(matches!(
                 decode_with(b, 22, &flags.to_le_bytes()),
                 Err(DecodeError::ReservedNotZero {
-                    what: "ack flags (bits other than RESET)"
+                    what: "ack flags (bits other than RESET or BLOCKED, or both)"
                 })
             ));
         }
+    }
+    // A BLOCKED ack names no message and no status.
+    for (at, bytes) in [(16, &[1u8][..]), (20, &[3])] {
+        assert!(matches!(
+            decode_with(&blocked, at, bytes),
+            Err(DecodeError::ReservedNotZero {
+                what: "message_id and status of a BLOCKED ack"
+            })
+        ));
     }
     // A RESET says nothing else.
     for (at, bytes) in [(12, &[1u8][..]), (16, &[1]), (20, &[3])] {
@@ -659,6 +673,7 @@ fn control_body() -> impl Strategy<Value = FrameBody<'static>> {
                 status
             }),
         Just(AckKind::Reset),
+        any::<u32>().prop_map(|ack| AckKind::Blocked { ack }),
     ];
     let ack = (any::<(u32, u32, u32)>(), ack_kind).prop_map(|((s, d, session), kind)| {
         FrameBody::Ack(AckFrame {

@@ -1,10 +1,12 @@
 //! The byte-level encoding of frame bodies: field offsets, and bounds-checked readers and writers.
 //! docs/abi.md section 7 has the same tables.
 
+use super::bundle::entries_len;
 use super::{
-    AckFrame, AckKind, ControlOp, ControlRequest, ControlResponse, ControlStatus, CreateRequest,
-    DataFrame, DataKind, FrameBody, FrameType, MessageHeader, BODY_OFFSET, CONTROL_REQUEST_LEN,
-    DATA_HEADER_LEN, ETHERTYPE, ETH_HEADER_LEN, FRAME_VERSION,
+    AckFrame, AckKind, BundleFrame, ControlOp, ControlRequest, ControlResponse, ControlStatus,
+    CreateRequest, DataFrame, DataKind, FrameBody, FrameType, MessageHeader, BODY_OFFSET,
+    BUNDLE_HEADER_LEN, CONTROL_REQUEST_LEN, DATA_HEADER_LEN, ETHERTYPE, ETH_HEADER_LEN,
+    FRAME_VERSION,
 };
 use crate::error::DecodeError;
 use crate::status::{CompletionStatus, FailureReason};
@@ -50,6 +52,14 @@ pub(super) mod off {
     pub const ACK_STATUS: usize = 20;
     pub const ACK_FLAGS: usize = 22;
 
+    pub const BUNDLE_SRC_EP: usize = 0;
+    pub const BUNDLE_DST_EP: usize = 4;
+    pub const BUNDLE_SESSION: usize = 8;
+    pub const BUNDLE_SEQ: usize = 12;
+    pub const BUNDLE_FIRST_ID: usize = 16;
+    pub const BUNDLE_COUNT: usize = 20;
+    pub const BUNDLE_RESERVED: usize = 22;
+
     pub const NOTIFY_CHANNEL: usize = 0;
 }
 
@@ -63,6 +73,8 @@ const STATUS_DESTROYED: u8 = 4;
 
 /// Ack flag bit 0: the receiver holds no state for the session.
 const ACK_FLAG_RESET: u16 = 1;
+/// Ack flag bit 1: the receiver could not place the frame `ack` names.
+const ACK_FLAG_BLOCKED: u16 = 2;
 
 /// Writes the fixed part of `body` into `out`, which is exactly `body_len()` zeroed bytes.
 pub(super) fn write_body(body: &FrameBody<'_>, out: &mut [u8]) {
@@ -137,7 +149,19 @@ pub(super) fn write_body(body: &FrameBody<'_>, out: &mut [u8]) {
                     w.u16(off::ACK_STATUS, status.code());
                 }
                 AckKind::Reset => w.u16(off::ACK_FLAGS, ACK_FLAG_RESET),
+                AckKind::Blocked { ack } => {
+                    w.u32(off::ACK_ACK, ack);
+                    w.u16(off::ACK_FLAGS, ACK_FLAG_BLOCKED);
+                }
             }
+        }
+        FrameBody::Bundle(b) => {
+            w.u32(off::BUNDLE_SRC_EP, b.src_endpoint);
+            w.u32(off::BUNDLE_DST_EP, b.dst_endpoint);
+            w.u32(off::BUNDLE_SESSION, b.session);
+            w.u32(off::BUNDLE_SEQ, b.seq);
+            w.u32(off::BUNDLE_FIRST_ID, b.first_message_id);
+            w.u16(off::BUNDLE_COUNT, b.count);
         }
     }
 }
@@ -168,6 +192,10 @@ pub(super) fn decode_body<'a>(
             0,
         ),
         FrameType::Ack => (FrameBody::Ack(decode_ack(b)?), 0),
+        FrameType::Bundle => {
+            let bundle = decode_bundle(b)?;
+            (FrameBody::Bundle(bundle), bundle.entries.len())
+        }
     };
     Ok((body, payload_len))
 }
@@ -324,18 +352,44 @@ fn decode_data<'a>(b: &Reader<'a>) -> Result<DataFrame<'a>, DecodeError> {
     Ok(d)
 }
 
+fn decode_bundle<'a>(b: &Reader<'a>) -> Result<BundleFrame<'a>, DecodeError> {
+    const WHAT: &str = "bundle frame";
+    b.zero(off::BUNDLE_RESERVED..BUNDLE_HEADER_LEN, WHAT)?;
+    let count = b.u16(off::BUNDLE_COUNT, WHAT)?;
+    let rest = b.0.get(BUNDLE_HEADER_LEN..).unwrap_or_default();
+    let len = entries_len(rest, count)?;
+    Ok(BundleFrame {
+        src_endpoint: b.u32(off::BUNDLE_SRC_EP, WHAT)?,
+        dst_endpoint: b.u32(off::BUNDLE_DST_EP, WHAT)?,
+        session: b.u32(off::BUNDLE_SESSION, WHAT)?,
+        seq: b.u32(off::BUNDLE_SEQ, WHAT)?,
+        first_message_id: b.u32(off::BUNDLE_FIRST_ID, WHAT)?,
+        count,
+        entries: rest.get(..len).unwrap_or_default(),
+    })
+}
+
 fn decode_ack(b: &Reader<'_>) -> Result<AckFrame, DecodeError> {
     const WHAT: &str = "ack frame";
     let ack = b.u32(off::ACK_ACK, WHAT)?;
     let message_id = b.u32(off::ACK_MSG_ID, WHAT)?;
     let status = b.u16(off::ACK_STATUS, WHAT)?;
     let flags = b.u16(off::ACK_FLAGS, WHAT)?;
-    if flags & !ACK_FLAG_RESET != 0 {
+    if flags & !(ACK_FLAG_RESET | ACK_FLAG_BLOCKED) != 0
+        || flags == ACK_FLAG_RESET | ACK_FLAG_BLOCKED
+    {
         return Err(DecodeError::ReservedNotZero {
-            what: "ack flags (bits other than RESET)",
+            what: "ack flags (bits other than RESET or BLOCKED, or both)",
         });
     }
-    let kind = if flags & ACK_FLAG_RESET != 0 {
+    let kind = if flags == ACK_FLAG_BLOCKED {
+        if message_id != 0 || status != 0 {
+            return Err(DecodeError::ReservedNotZero {
+                what: "message_id and status of a BLOCKED ack",
+            });
+        }
+        AckKind::Blocked { ack }
+    } else if flags & ACK_FLAG_RESET != 0 {
         if ack != 0 || message_id != 0 || status != 0 {
             return Err(DecodeError::ReservedNotZero {
                 what: "ack, message_id and status of a RESET ack",

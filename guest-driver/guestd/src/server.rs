@@ -386,6 +386,7 @@ impl Agent {
             FrameBody::ControlRequest(_)
             | FrameBody::Data(_)
             | FrameBody::Ack(_)
+            | FrameBody::Bundle(_)
             | FrameBody::Doorbell { .. } => {
                 self.counters.ignored += 1;
             }

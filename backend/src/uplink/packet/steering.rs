@@ -3,7 +3,7 @@
 //!
 //! The rule, for a group of `workers` sockets:
 //! - an svnic frame (EtherType 0x88B5, version 1) of a type that comes from the wire (3 data,
-//!   6 ack) goes to `dst_endpoint % workers`, `dst_endpoint` being the little-endian u32 at
+//!   6 ack, 7 bundle) goes to `dst_endpoint % workers`, `dst_endpoint` being the little-endian u32 at
 //!   frame offset 22 ([`worker_of_endpoint`]): every frame of an endpoint reaches the worker
 //!   serving its channel;
 //! - any other frame (virtio-net traffic for guests, svnic frames of other types or versions)
@@ -27,7 +27,10 @@ pub const SVNIC_VERSION: u8 = svnic_channels::frame::FRAME_VERSION;
 pub const TYPE_DATA: u8 = FrameType::Data as u8;
 /// Frame type of an acknowledgement.
 pub const TYPE_ACK: u8 = FrameType::Ack as u8;
-/// Frame offset of the destination endpoint (u32, little-endian) in data and ack frames.
+/// Frame type of a bundle of small messages.
+pub const TYPE_BUNDLE: u8 = FrameType::Bundle as u8;
+/// Frame offset of the destination endpoint (u32, little-endian) in data, ack and bundle
+/// frames.
 pub const DST_ENDPOINT_OFFSET: usize = svnic_channels::frame::DST_ENDPOINT_OFFSET;
 
 /// Base of the cBPF load offsets relative to the frame's link-layer (Ethernet) header
@@ -85,7 +88,7 @@ pub fn steered_worker(frame: &[u8], workers: u16) -> usize {
         let (Some(version), Some(kind)) = (byte(14), byte(15)) else {
             return 0;
         };
-        if version == SVNIC_VERSION && (kind == TYPE_DATA || kind == TYPE_ACK) {
+        if version == SVNIC_VERSION && [TYPE_DATA, TYPE_ACK, TYPE_BUNDLE].contains(&kind) {
             return match le_u32(DST_ENDPOINT_OFFSET) {
                 Some(endpoint) => worker_of_endpoint(endpoint, workers as usize),
                 None => 0,
@@ -107,18 +110,19 @@ pub fn steering_program(workers: u16) -> Vec<sock_filter> {
     let workers = u32::from(workers.max(1));
     let ll = |offset: usize| SKF_LL_OFF + offset as u32;
     let mut p = vec![
-        // 0: EtherType; 1: not svnic -> OTHER (22).
+        // 0: EtherType; 1: not svnic -> OTHER (23).
         stmt(BPF_LD | BPF_H | BPF_ABS, ll(12)),
-        jeq(u32::from(SVNIC_ETHERTYPE), 0, 20),
+        jeq(u32::from(SVNIC_ETHERTYPE), 0, 21),
         // 2: version; 3: not 1 -> OTHER.
         stmt(BPF_LD | BPF_B | BPF_ABS, ll(14)),
-        jeq(u32::from(SVNIC_VERSION), 0, 18),
-        // 4: type; 5: data -> ENDPOINT (7); 6: not ack -> OTHER.
+        jeq(u32::from(SVNIC_VERSION), 0, 19),
+        // 4: type; 5: data -> ENDPOINT (8); 6: ack -> ENDPOINT; 7: not bundle -> OTHER.
         stmt(BPF_LD | BPF_B | BPF_ABS, ll(15)),
-        jeq(u32::from(TYPE_DATA), 1, 0),
-        jeq(u32::from(TYPE_ACK), 0, 15),
+        jeq(u32::from(TYPE_DATA), 2, 0),
+        jeq(u32::from(TYPE_ACK), 1, 0),
+        jeq(u32::from(TYPE_BUNDLE), 0, 15),
     ];
-    // 7..=19: ENDPOINT, A = u32 LE at offset 22, built from byte 25 down to byte 22.
+    // 8..=20: ENDPOINT, A = u32 LE at offset 22, built from byte 25 down to byte 22.
     p.push(stmt(BPF_LD | BPF_B | BPF_ABS, ll(DST_ENDPOINT_OFFSET + 3)));
     for byte in (0..3).rev() {
         p.push(stmt(BPF_ALU | BPF_LSH | BPF_K, 8));
@@ -129,10 +133,10 @@ pub fn steering_program(workers: u16) -> Vec<sock_filter> {
         ));
         p.push(stmt(BPF_ALU | BPF_OR | BPF_X, 0));
     }
-    // 20, 21: A % workers.
+    // 21, 22: A % workers.
     p.push(stmt(BPF_ALU | BPF_MOD | BPF_K, workers));
     p.push(stmt(BPF_RET | BPF_A, 0));
-    // 22..=24: OTHER, the last four bytes of the destination MAC % workers.
+    // 23..=25: OTHER, the last four bytes of the destination MAC % workers.
     p.push(stmt(BPF_LD | BPF_W | BPF_ABS, ll(2)));
     p.push(stmt(BPF_ALU | BPF_MOD | BPF_K, workers));
     p.push(stmt(BPF_RET | BPF_A, 0));

@@ -25,13 +25,15 @@ mod sim_tests;
 use std::time::Duration;
 
 use svnic_channels::frame::{
-    AckFrame, AckKind, DataFrame, DataKind, Frame, FrameBody, DEFAULT_MTU, MAX_DATA_LEN,
+    AckFrame, AckKind, BundleFrame, DataFrame, DataKind, Frame, FrameBody, DEFAULT_MTU,
+    MAX_DATA_LEN,
 };
 use svnic_channels::{ChannelAddr, ChannelId, CompletionStatus, DataMessage};
 
 pub use fault::{FaultCounters, FaultInjection, FaultInjector};
-pub use recv::{no_route, Blocked, RecvCounters, RecvSession, RecvTable, Verdict};
+pub use recv::{no_route, Blocked, BundleVerdict, RecvCounters, RecvSession, RecvTable, Verdict};
 pub use rtt::RttEstimator;
+pub use send::Bundle;
 pub use send::{FrameOut, Refused, SendCounters, SendSession, SendTable};
 
 /// Parameters of the protocol; docs/wire.md ("Timers and bounds") argues the defaults.
@@ -94,6 +96,13 @@ pub const MIN_CHUNK: usize = svnic_channels::frame::MIN_MTU
 pub const MAX_WINDOW_FRAMES: u32 = 1 << 16;
 
 impl ReliableConfig {
+    /// Entry bytes a bundle frame holds: the frame a data frame of `chunk` payload bytes would
+    /// fill.
+    pub fn bundle_room(&self) -> u32 {
+        let frame = self.chunk + svnic_channels::frame::DATA_HEADER_LEN;
+        frame.saturating_sub(svnic_channels::frame::BUNDLE_HEADER_LEN) as u32
+    }
+
     /// Checks that the values make sense together; the error names the field and the value.
     pub fn validate(&self) -> Result<(), String> {
         let err =
@@ -217,6 +226,47 @@ impl DataHeader {
     /// True if this fragment ends the message.
     pub fn is_last(&self) -> bool {
         u64::from(self.frag_offset) + u64::from(self.frag_len) >= u64::from(self.total_len)
+    }
+}
+
+/// What the protocol needs from a bundle frame (everything but the entries).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct BundleHeader {
+    /// The sender's session.
+    pub session: u32,
+    /// The frame's sequence number.
+    pub seq: u32,
+    /// The first message's id; entry `i` is message `first_message_id + i`.
+    pub first_message_id: u32,
+    /// Number of entries (at least 2).
+    pub count: u16,
+}
+
+impl BundleHeader {
+    /// The header of a decoded bundle frame.
+    pub fn of(b: &BundleFrame<'_>) -> BundleHeader {
+        BundleHeader {
+            session: b.session,
+            seq: b.seq,
+            first_message_id: b.first_message_id,
+            count: b.count,
+        }
+    }
+
+    /// Entry `i` as the header of a whole user-data message (its length and cookie are not
+    /// the protocol's business: 0 here).
+    fn entry(&self, i: u16) -> DataHeader {
+        DataHeader {
+            session: self.session,
+            seq: self.seq,
+            message_id: self.first_message_id.wrapping_add(u32::from(i)),
+            kind: DataKind::UserData,
+            msg_flags: 0,
+            total_len: 0,
+            frag_offset: 0,
+            frag_len: 0,
+            cookie: 0,
+        }
     }
 }
 

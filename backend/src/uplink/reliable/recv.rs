@@ -8,15 +8,17 @@ use std::time::{Duration, Instant};
 use svnic_channels::frame::{AckKind, DataKind};
 use svnic_channels::{ChannelAddr, ChannelId, CompletionStatus};
 
-use super::{counters, seq_lt, DataHeader, OutgoingAck, ReliableConfig, SessionKey};
+use super::{counters, seq_lt, BundleHeader, DataHeader, OutgoingAck, ReliableConfig, SessionKey};
 
 counters! {
     /// What a receive table took, dropped and refused.
     RecvCounters {
         /// Frames the engine placed.
         frames_accepted,
-        /// Messages whose last frame the engine placed.
+        /// Messages whose last frame (or bundle entry) the engine placed.
         messages_delivered,
+        /// Bundle frames whose every entry the engine placed.
+        bundles_accepted,
         /// Frames already processed (dropped; an ack is due).
         duplicates,
         /// Frames ahead of the next expected one (dropped; an ack is due).
@@ -60,6 +62,30 @@ pub enum Verdict {
     Drop,
     /// Dropped: no state for its session; answer [`AckKind::Reset`] for the frame's session.
     Reset,
+}
+
+/// What to do with a bundle frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BundleVerdict {
+    /// The next frame in order: place its entries from `skip` on (those before were placed
+    /// when an earlier copy of the frame was blocked part way), calling `entry_accepted` after
+    /// each, or `blocked` / `rejected` for the one that cannot be placed (then stop).
+    Process {
+        /// Entries already placed.
+        skip: u16,
+    },
+    /// Dropped and counted (an ack may be due).
+    Drop,
+    /// Dropped: no state for its session; answer [`AckKind::Reset`] for the frame's session.
+    Reset,
+}
+
+/// A bundle whose entries are being placed.
+#[derive(Clone, Copy, Debug)]
+struct BundleCursor {
+    header: BundleHeader,
+    /// The entry being placed.
+    next: u16,
 }
 
 /// The outcome of [`RecvTable::blocked`].
@@ -126,8 +152,14 @@ pub struct RecvSession<P> {
     last_done: Option<u32>,
     /// (seq, message_id) of the frame being retried, since when.
     blocked_since: Option<(u32, u32, Instant)>,
-    /// The frame handed out as [`Verdict::Process`], until the engine says what became of it.
+    /// The frame handed out as [`Verdict::Process`] (or the bundle entry being placed), until
+    /// the engine says what became of it.
     current: Option<DataHeader>,
+    /// The bundle being placed, entry by entry.
+    bundle: Option<BundleCursor>,
+    /// A bundle at the expected seq of which the entries up to `last_done` were placed (its
+    /// next entry was blocked): its copies continue after them.
+    partial: Option<BundleHeader>,
     ack_due: bool,
     ack_queued: bool,
     /// When this state last made progress (began a session, took a frame).
@@ -148,6 +180,8 @@ impl<P> RecvSession<P> {
             last_done: None,
             blocked_since: None,
             current: None,
+            bundle: None,
+            partial: None,
             ack_due: false,
             ack_queued: false,
             last_frame: now,
@@ -182,6 +216,7 @@ impl<P> RecvSession<P> {
         self.reject = None;
         self.last_done = None;
         self.blocked_since = None;
+        self.partial = None;
     }
 
     fn give_up_message(&mut self, abandoned: &mut Vec<P>) {
@@ -191,19 +226,29 @@ impl<P> RecvSession<P> {
         }
     }
 
-    /// Classifies a data frame of this pair (see [`Verdict`]).
-    pub fn on_frame(&mut self, h: &DataHeader, now: Instant, abandoned: &mut Vec<P>) -> Verdict {
+    /// The checks every frame of the pair passes first: its session (a frame 0 of a new one
+    /// starts it), a pending reject, and order. `Ok` for the frame at the expected seq.
+    fn admit(
+        &mut self,
+        session: u32,
+        seq: u32,
+        message_id: u32,
+        starts_message: bool,
+        now: Instant,
+        abandoned: &mut Vec<P>,
+    ) -> Result<(), Verdict> {
         self.current = None;
-        if h.session != self.session {
-            if h.seq != 0 {
+        self.bundle = None;
+        if session != self.session {
+            if seq != 0 {
                 self.counters.resets_sent += 1;
-                return Verdict::Reset;
+                return Err(Verdict::Reset);
             }
-            if self.recent.contains(&Some(h.session)) {
+            if self.recent.contains(&Some(session)) {
                 self.counters.stale_sessions += 1;
-                return Verdict::Drop;
+                return Err(Verdict::Drop);
             }
-            self.start(h.session, abandoned);
+            self.start(session, abandoned);
             self.last_frame = now;
         }
         // `last_frame` moves only with progress (a new session above, a frame taken in
@@ -212,23 +257,36 @@ impl<P> RecvSession<P> {
         if let Some(r) = self.reject {
             // Only the first frame of a later message at the rejected frame's place ends the
             // reject: the sender has heard it and renumbered.
-            let renumbered =
-                h.seq == r.seq && h.frag_offset == 0 && seq_lt(r.message_id, h.message_id);
+            let renumbered = seq == r.seq && starts_message && seq_lt(r.message_id, message_id);
             if !renumbered {
                 self.counters.rejects_resent += 1;
                 self.ack_due = true;
-                return Verdict::Drop;
+                return Err(Verdict::Drop);
             }
             self.reject = None;
         }
-        if seq_lt(h.seq, self.expected) {
+        if seq_lt(seq, self.expected) {
             self.counters.duplicates += 1;
             self.ack_due = true;
-            return Verdict::Drop;
+            return Err(Verdict::Drop);
         }
-        if h.seq != self.expected {
+        if seq != self.expected {
             self.counters.out_of_order += 1;
             self.ack_due = true;
+            return Err(Verdict::Drop);
+        }
+        Ok(())
+    }
+
+    /// Classifies a data frame of this pair (see [`Verdict`]).
+    pub fn on_frame(&mut self, h: &DataHeader, now: Instant, abandoned: &mut Vec<P>) -> Verdict {
+        let starts = h.frag_offset == 0;
+        if let Err(v) = self.admit(h.session, h.seq, h.message_id, starts, now, abandoned) {
+            return v;
+        }
+        if self.partial.is_some() {
+            // The expected frame is a bundle placed part way: this is not it.
+            self.counters.invalid += 1;
             return Verdict::Drop;
         }
         let end = u64::from(h.frag_offset) + u64::from(h.frag_len);
@@ -251,6 +309,67 @@ impl<P> RecvSession<P> {
             first,
             last: h.is_last(),
         }
+    }
+
+    /// Classifies a bundle frame of this pair (see [`BundleVerdict`]).
+    pub fn on_bundle(
+        &mut self,
+        b: &BundleHeader,
+        now: Instant,
+        abandoned: &mut Vec<P>,
+    ) -> BundleVerdict {
+        let first = b.first_message_id;
+        match self.admit(b.session, b.seq, first, true, now, abandoned) {
+            Ok(()) => {}
+            Err(Verdict::Reset) => return BundleVerdict::Reset,
+            Err(_) => return BundleVerdict::Drop,
+        }
+        let skip = match (&self.msg, self.partial) {
+            (None, None) if b.count >= 2 && self.last_done.is_none_or(|d| seq_lt(d, first)) => {
+                Some(0)
+            }
+            // The same bundle again (the sender retransmitted it): on after what was placed.
+            (None, Some(p)) if p == *b => self
+                .last_done
+                .map(|d| d.wrapping_sub(first).wrapping_add(1))
+                .and_then(|n| u16::try_from(n).ok())
+                .filter(|&n| n < b.count),
+            _ => None,
+        };
+        let Some(skip) = skip else {
+            self.counters.invalid += 1;
+            return BundleVerdict::Drop;
+        };
+        self.current = Some(b.entry(skip));
+        self.bundle = Some(BundleCursor {
+            header: *b,
+            next: skip,
+        });
+        BundleVerdict::Process { skip }
+    }
+
+    /// The engine placed the bundle entry being processed (see [`BundleVerdict::Process`]):
+    /// its message is delivered; after the last entry the frame is taken.
+    pub fn entry_accepted(&mut self, now: Instant) {
+        let (Some(mut c), Some(h)) = (self.bundle.take(), self.current.take()) else {
+            return;
+        };
+        self.last_done = Some(h.message_id);
+        self.counters.messages_delivered += 1;
+        self.blocked_since = None;
+        self.last_frame = now;
+        c.next += 1;
+        if c.next >= c.header.count {
+            self.partial = None;
+            self.expected = self.expected.wrapping_add(1);
+            self.ack_due = true;
+            self.counters.frames_accepted += 1;
+            self.counters.bundles_accepted += 1;
+            return;
+        }
+        self.partial = Some(c.header);
+        self.current = Some(c.header.entry(c.next));
+        self.bundle = Some(c);
     }
 
     /// The placement of the message in progress, once its first frame was accepted.
@@ -303,6 +422,7 @@ impl<P> RecvSession<P> {
     /// buffer, RX ring full: `status` says which). Once that has lasted the backpressure wait,
     /// the message is rejected with `status`.
     pub fn blocked(&mut self, now: Instant, status: CompletionStatus) -> Blocked<P> {
+        self.bundle = None;
         let Some(h) = self.current.take() else {
             return Blocked::Wait;
         };
@@ -326,6 +446,7 @@ impl<P> RecvSession<P> {
     /// The engine refuses the message of the last [`Verdict::Process`] frame with `status`
     /// (`Ok` is taken as `DestinationGone`). The placement of its earlier frames comes back.
     pub fn rejected(&mut self, status: CompletionStatus) -> Option<P> {
+        self.bundle = None;
         let h = self.current.take()?;
         self.reject_current(&h, status)
     }
@@ -342,13 +463,14 @@ impl<P> RecvSession<P> {
         });
         self.last_done = Some(h.message_id);
         self.blocked_since = None;
+        self.partial = None;
         self.ack_due = true;
         self.counters.rejects += 1;
         self.msg.take().and_then(|m| m.placement)
     }
 
     /// The ack due, if any (at most one until more frames arrive): the pending reject, else
-    /// the cumulative ack.
+    /// the cumulative ack, marked blocked while the expected frame could not be placed.
     pub fn take_ack(&mut self) -> Option<AckKind> {
         if !std::mem::take(&mut self.ack_due) {
             return None;
@@ -359,6 +481,14 @@ impl<P> RecvSession<P> {
                 message_id: r.message_id,
                 status: r.status,
             },
+            // Still unable to place the expected frame: the sender pauses instead of sending
+            // the window into frames that are dropped.
+            None if self
+                .blocked_since
+                .is_some_and(|(seq, _, _)| seq == self.expected) =>
+            {
+                AckKind::Blocked { ack: self.expected }
+            }
             None => AckKind::Cumulative { ack: self.expected },
         })
     }
@@ -450,8 +580,7 @@ impl<P> RecvTable<P> {
                 self.retired.invalid += 1;
                 return Verdict::Drop;
             }
-            if self.sessions.len() >= self.cfg.max_recv_sessions && !self.evict_one(now) {
-                self.retired.table_full += 1;
+            if !self.make_room(now) {
                 return Verdict::Drop;
             }
             self.sessions.insert(
@@ -461,6 +590,47 @@ impl<P> RecvTable<P> {
         }
         self.with(key, |s, abandoned| s.on_frame(h, now, abandoned))
             .unwrap_or(Verdict::Drop)
+    }
+
+    /// Classifies a bundle frame from `remote` to `local` (see [`RecvSession::on_bundle`]); its
+    /// first frame of a session creates the pair's state if there is room.
+    pub fn on_bundle(
+        &mut self,
+        local: ChannelId,
+        remote: ChannelAddr,
+        b: &BundleHeader,
+        now: Instant,
+    ) -> BundleVerdict {
+        let key = (local, remote);
+        if !self.sessions.contains_key(&key) {
+            if b.seq != 0 {
+                self.retired.resets_sent += 1;
+                return BundleVerdict::Reset;
+            }
+            if !self.make_room(now) {
+                return BundleVerdict::Drop;
+            }
+            self.sessions.insert(
+                key,
+                RecvSession::new(b.session, self.cfg.backpressure_wait, now),
+            );
+        }
+        self.with(key, |s, abandoned| s.on_bundle(b, now, abandoned))
+            .unwrap_or(BundleVerdict::Drop)
+    }
+
+    /// See [`RecvSession::entry_accepted`].
+    pub fn entry_accepted(&mut self, local: ChannelId, remote: ChannelAddr, now: Instant) {
+        self.with((local, remote), |s, _| s.entry_accepted(now));
+    }
+
+    /// True if a new state fits, after evicting an expired one if need be (counted if not).
+    fn make_room(&mut self, now: Instant) -> bool {
+        if self.sessions.len() >= self.cfg.max_recv_sessions && !self.evict_one(now) {
+            self.retired.table_full += 1;
+            return false;
+        }
+        true
     }
 
     /// See [`RecvSession::placement_mut`].

@@ -1,11 +1,11 @@
 //! The sending side: one [`SendSession`] per (local channel, remote channel), in a bounded
 //! [`SendTable`]. docs/wire.md ("Sender") is the normative description.
 
-use std::collections::{HashMap, VecDeque};
-use std::time::Instant;
+use std::collections::{vec_deque, HashMap, VecDeque};
+use std::time::{Duration, Instant};
 
 use svnic_channels::frame::{
-    AckFrame, AckKind, DataFrame, DataKind, Frame, FrameBody, MessageHeader,
+    AckFrame, AckKind, DataFrame, DataKind, Frame, FrameBody, MessageHeader, MAX_BUNDLE_COUNT,
 };
 use svnic_channels::{ChannelAddr, ChannelId, CompletionStatus};
 
@@ -45,6 +45,8 @@ counters! {
         peer_timeouts,
         /// Resets received: every message sent and not acknowledged failed `DestinationGone`.
         resets,
+        /// Blocked acks that paused the session (the receiver could not place the window base).
+        pauses,
         /// Idle sessions evicted to make room.
         sessions_evicted,
         /// Messages completed `Ok`.
@@ -98,6 +100,35 @@ pub struct FrameOut<'a, T> {
     pub handle: &'a T,
     /// True if this frame was sent before (a go-back).
     pub retransmission: bool,
+    /// Several whole messages share this frame: encode a bundle of these (the first is
+    /// `handle`, with id `message_id`); `None` for a data frame of one message.
+    pub bundle: Option<Bundle<'a, T>>,
+}
+
+/// The messages of a bundle frame, in order, with their ids.
+#[derive(Debug)]
+pub struct Bundle<'a, T> {
+    messages: vec_deque::Iter<'a, Outgoing<T>>,
+}
+
+impl<T> Bundle<'_, T> {
+    /// How many messages are left.
+    pub fn len(&self) -> usize {
+        self.messages.len()
+    }
+
+    /// True if none are left.
+    pub fn is_empty(&self) -> bool {
+        self.messages.len() == 0
+    }
+}
+
+impl<'a, T> Iterator for Bundle<'a, T> {
+    type Item = (u32, &'a T);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.messages.next().map(|m| (m.message_id, &m.handle))
+    }
 }
 
 impl<T> FrameOut<'_, T> {
@@ -134,6 +165,10 @@ impl<T> FrameOut<'_, T> {
     }
 }
 
+/// The first pause after a blocked ack; each blocked answer to the probe that follows doubles
+/// it, up to the retransmission timeout.
+pub const FIRST_PAUSE: Duration = Duration::from_micros(20);
+
 /// Session ids: an engine-wide counter seeded from the clock at start, so that a restarted
 /// engine does not reuse the ids its peers remember.
 #[derive(Clone, Copy, Debug)]
@@ -161,6 +196,16 @@ struct Outgoing<T> {
     len: u32,
     first_seq: u32,
     frames: u32,
+    /// Bytes it takes as a bundle entry, if it may travel in a bundle.
+    entry: Option<u32>,
+}
+
+/// The bundle being filled at the end of the numbering: its frame is not sent yet.
+#[derive(Clone, Copy, Debug)]
+struct OpenBundle {
+    seq: u32,
+    count: u16,
+    bytes: u32,
 }
 
 impl<T> Outgoing<T> {
@@ -189,6 +234,8 @@ pub struct SendSession<T> {
     end: u32,
     next_message_id: u32,
     queue: VecDeque<Outgoing<T>>,
+    /// The last frame of the numbering, while more messages may join it.
+    open: Option<OpenBundle>,
     rtt: RttEstimator,
     rto_deadline: Option<Instant>,
     /// The frame being timed and when it was first sent (Karn: never a retransmitted one).
@@ -197,6 +244,12 @@ pub struct SendSession<T> {
     heard: Instant,
     dupacks: u32,
     fast_retransmitted: bool,
+    /// A blocked ack paused sending until then; the window base goes again afterwards.
+    paused_until: Option<Instant>,
+    /// After a pause: one frame at a time until the receiver takes one.
+    probing: bool,
+    /// The next pause.
+    pause: Duration,
     last_active: Instant,
     counters: SendCounters,
 }
@@ -222,12 +275,16 @@ impl<T> SendSession<T> {
             end: 0,
             next_message_id: 0,
             queue: VecDeque::new(),
+            open: None,
             rtt: RttEstimator::new(cfg.initial_rto, cfg.min_rto, cfg.max_rto),
             rto_deadline: None,
             timing: None,
             heard: now,
             dupacks: 0,
             fast_retransmitted: false,
+            paused_until: None,
+            probing: false,
+            pause: FIRST_PAUSE,
             last_active: now,
             counters: SendCounters::default(),
         }
@@ -258,7 +315,7 @@ impl<T> SendSession<T> {
     }
 
     fn window(&self) -> u32 {
-        if self.established {
+        if self.established && !self.probing {
             self.cfg.window_frames
         } else {
             1
@@ -267,17 +324,21 @@ impl<T> SendSession<T> {
 
     /// True if [`SendSession::transmit`] would hand out a frame.
     pub fn can_transmit(&self) -> bool {
-        seq_lt(self.nxt, self.end) && self.nxt.wrapping_sub(self.una) < self.window()
+        self.paused_until.is_none()
+            && seq_lt(self.nxt, self.end)
+            && self.nxt.wrapping_sub(self.una) < self.window()
     }
 
-    /// Queues a message of `len` bytes; `handle` comes back in its completion. Refused when the
-    /// session holds `max_messages` or the message is too long. A session idle for half the
-    /// state lifetime first starts over with a new id from `ids`, before the receiver may have
-    /// forgotten it.
+    /// Queues a message of `len` bytes; `handle` comes back in its completion. `entry` is what
+    /// it takes as a bundle entry if it may share a frame with other whole messages (user-data),
+    /// `None` otherwise. Refused when the session holds `max_messages` or the message is too
+    /// long. A session idle for half the state lifetime first starts over with a new id from
+    /// `ids`, before the receiver may have forgotten it.
     pub fn offer(
         &mut self,
         handle: T,
         len: u32,
+        entry: Option<u32>,
         now: Instant,
         ids: &mut SessionIds,
     ) -> Result<(), Refused<T>> {
@@ -296,18 +357,51 @@ impl<T> SendSession<T> {
         {
             self.restart(ids.next_id());
         }
-        let frames = self.cfg.frames_of(len);
         self.queue.push_back(Outgoing {
             handle,
             message_id: self.next_message_id,
             len,
-            first_seq: self.end,
-            frames,
+            first_seq: 0,
+            frames: self.cfg.frames_of(len),
+            entry,
         });
+        self.number(self.queue.len() - 1);
         self.next_message_id = self.next_message_id.wrapping_add(1);
-        self.end = self.end.wrapping_add(frames);
         self.last_active = now;
         Ok(())
+    }
+
+    /// Gives the message at `idx` (the last one numbered so far) its seqs: a share of the open
+    /// bundle if it fits there and that frame was never sent, else seqs of its own from `end`.
+    fn number(&mut self, idx: usize) {
+        let room = self.cfg.bundle_room();
+        let Some(m) = self.queue.get_mut(idx) else {
+            return;
+        };
+        let open = self.open.filter(|o| {
+            !seq_lt(o.seq, self.max_sent) && o.seq.wrapping_add(1) == self.end && m.frames == 1
+        });
+        match (open, m.entry) {
+            (Some(o), Some(bytes))
+                if o.count < MAX_BUNDLE_COUNT && o.bytes.saturating_add(bytes) <= room =>
+            {
+                m.first_seq = o.seq;
+                self.open = Some(OpenBundle {
+                    seq: o.seq,
+                    count: o.count + 1,
+                    bytes: o.bytes + bytes,
+                });
+            }
+            _ => {
+                m.first_seq = self.end;
+                self.end = self.end.wrapping_add(m.frames);
+                self.open = m.entry.filter(|_| m.frames == 1).map(|bytes| OpenBundle {
+                    seq: m.first_seq,
+                    count: 1,
+                    bytes,
+                });
+            }
+        }
     }
 
     /// Hands frames in sequence order to `emit` while the window allows; `emit` encodes and
@@ -332,6 +426,15 @@ impl<T> SendSession<T> {
             let frag_offset = (i * chunk).min(u64::from(m.len));
             let frag_len = chunk.min(u64::from(m.len) - frag_offset);
             let retransmission = seq_lt(self.nxt, self.max_sent);
+            // Messages numbered into the same frame travel together.
+            let mates = self
+                .queue
+                .range(idx..)
+                .take_while(|o| o.first_seq == self.nxt && o.frames == 1)
+                .count();
+            let bundle = (mates >= 2).then(|| Bundle {
+                messages: self.queue.range(idx..idx + mates),
+            });
             let frame = FrameOut {
                 local: self.local,
                 remote: self.remote,
@@ -344,6 +447,7 @@ impl<T> SendSession<T> {
                 frag_len: frag_len as u32,
                 handle: &m.handle,
                 retransmission,
+                bundle,
             };
             if !emit(frame) {
                 return false;
@@ -386,7 +490,14 @@ impl<T> SendSession<T> {
             return;
         }
         match kind {
-            AckKind::Cumulative { ack } => self.on_cumulative(ack, now, completions),
+            AckKind::Cumulative { ack } => {
+                self.on_cumulative(ack, now, completions);
+            }
+            AckKind::Blocked { ack } => {
+                if self.on_cumulative(ack, now, completions) {
+                    self.on_blocked(now);
+                }
+            }
             AckKind::Reject {
                 ack,
                 message_id,
@@ -418,20 +529,34 @@ impl<T> SendSession<T> {
         }
     }
 
-    fn on_cumulative(&mut self, ack: u32, now: Instant, completions: &mut Vec<Completed<T>>) {
+    /// Takes a cumulative ack (also the cumulative part of a blocked one). Returns true if it
+    /// is about the window base, frames being outstanding (a blocked ack then pauses).
+    fn on_cumulative(
+        &mut self,
+        ack: u32,
+        now: Instant,
+        completions: &mut Vec<Completed<T>>,
+    ) -> bool {
         if seq_lt(self.max_sent, ack) {
             self.counters.acks_beyond_sent += 1;
-            return;
+            return false;
         }
         self.established = true;
         self.heard = now;
         self.last_active = now;
         if seq_lt(ack, self.una) {
             self.counters.acks_stale += 1;
-            return;
+            return false;
         }
         if ack == self.una {
-            if self.outstanding() {
+            if !self.outstanding() {
+                return false;
+            }
+            if self.probing || self.paused_until.is_some() {
+                // Answers to the burst before the pause, or to the probe: the pause rules.
+                return true;
+            }
+            {
                 self.counters.duplicate_acks += 1;
                 self.dupacks += 1;
                 if self.dupacks >= 3 && !self.fast_retransmitted {
@@ -440,7 +565,7 @@ impl<T> SendSession<T> {
                     self.go_back();
                 }
             }
-            return;
+            return true;
         }
         if let Some((seq, sent)) = self.timing {
             if seq_lt(seq, ack) {
@@ -454,6 +579,9 @@ impl<T> SendSession<T> {
         }
         self.dupacks = 0;
         self.fast_retransmitted = false;
+        self.probing = false;
+        self.paused_until = None;
+        self.pause = FIRST_PAUSE;
         while let Some(m) = self.queue.front() {
             if !seq_le(m.end(), ack) {
                 break;
@@ -463,6 +591,25 @@ impl<T> SendSession<T> {
             }
         }
         self.rto_deadline = self.outstanding().then(|| now + self.rtt.rto());
+        false
+    }
+
+    /// The receiver cannot place the window base now and drops what follows it: rather than
+    /// sending the window into it again (and waiting for the retransmission timeout when that
+    /// is dropped too), wait a pause, then send the base alone as a probe. Each blocked answer
+    /// to a probe doubles the pause, up to the retransmission timeout; progress ends it.
+    fn on_blocked(&mut self, now: Instant) {
+        if self.paused_until.is_some() || (self.probing && self.nxt == self.una) {
+            // Paused already, or the probe is not sent yet.
+            return;
+        }
+        self.counters.pauses += 1;
+        self.go_back();
+        self.paused_until = Some(now + self.pause);
+        self.pause = (self.pause * 2).min(self.rtt.rto());
+        self.probing = true;
+        // The probe re-arms the retransmission timer when it goes.
+        self.rto_deadline = None;
     }
 
     /// The index of the message `message_id` if some of it was sent and `seq` is one of its
@@ -504,21 +651,24 @@ impl<T> SendSession<T> {
         self.renumber_from(ack);
     }
 
-    /// Numbers the queued messages consecutively from `seq`, nothing of them sent.
+    /// Numbers the queued messages consecutively from `seq`, nothing of them sent (small ones
+    /// bundled anew).
     fn renumber_from(&mut self, seq: u32) {
-        let mut next = seq;
-        for m in &mut self.queue {
-            m.first_seq = next;
-            next = next.wrapping_add(m.frames);
-        }
-        self.end = next;
+        self.end = seq;
         self.una = seq;
         self.nxt = seq;
         self.max_sent = seq;
+        self.open = None;
+        for idx in 0..self.queue.len() {
+            self.number(idx);
+        }
         self.timing = None;
         self.rto_deadline = None;
         self.dupacks = 0;
         self.fast_retransmitted = false;
+        self.paused_until = None;
+        self.probing = false;
+        self.pause = FIRST_PAUSE;
     }
 
     /// Starts a new session `id` at sequence number 0 for the queued messages.
@@ -581,6 +731,9 @@ impl<T> SendSession<T> {
             self.restart(ids.next_id());
             return;
         }
+        if self.paused_until.is_some_and(|d| now >= d) {
+            self.paused_until = None;
+        }
         if self.rto_deadline.is_some_and(|d| now >= d) {
             self.counters.timeouts += 1;
             self.rtt.back_off();
@@ -594,10 +747,10 @@ impl<T> SendSession<T> {
         let peer = self
             .outstanding()
             .then(|| self.heard + self.cfg.peer_timeout);
-        match (self.rto_deadline, peer) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.rto_deadline, peer, self.paused_until]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Drops every message without completing it (the local channel is gone); their handles.
@@ -666,6 +819,7 @@ impl<T> SendTable<T> {
         remote: ChannelAddr,
         handle: T,
         len: u32,
+        entry: Option<u32>,
         now: Instant,
     ) -> Result<(), Refused<T>> {
         let i = match self.index.get(&(local, remote)) {
@@ -683,7 +837,7 @@ impl<T> SendTable<T> {
                 i
             }
         };
-        self.sessions[i].offer(handle, len, now, &mut self.ids)
+        self.sessions[i].offer(handle, len, entry, now, &mut self.ids)
     }
 
     /// Evicts the least recently active idle session; false if every session is busy.

@@ -6,7 +6,10 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use svnic_channels::frame::{AckFrame, AckKind, DataKind, Frame, FrameBody};
+use svnic_channels::frame::{
+    bundle_entry_len, AckFrame, AckKind, BundleEntry, BundleFrame, DataKind, Frame, FrameBody,
+};
+use svnic_channels::message::INLINE_CAPACITY;
 use svnic_channels::{ChannelAddr, ChannelId, CompletionStatus, MacAddr};
 
 use super::*;
@@ -136,12 +139,16 @@ impl Receiver {
     }
 
     fn on_frame(&mut self, bytes: &[u8], now: Instant, back: &mut Link) {
-        let Ok(Frame {
-            body: FrameBody::Data(d),
-            ..
-        }) = Frame::decode(bytes)
-        else {
-            panic!("the link carries data frames only");
+        let d = match Frame::decode(bytes) {
+            Ok(Frame {
+                body: FrameBody::Data(d),
+                ..
+            }) => d,
+            Ok(Frame {
+                body: FrameBody::Bundle(b),
+                ..
+            }) => return self.on_bundle(&b, now, back),
+            other => panic!("the link carries data and bundle frames only: {other:?}"),
         };
         let h = DataHeader::of(&d);
         let reply = |kind, back: &mut Link| {
@@ -180,6 +187,37 @@ impl Receiver {
         self.undone += self.table.take_abandoned().count();
     }
 
+    /// A bundle: each entry is a whole message, placed (or blocked by the policy) in turn.
+    fn on_bundle(&mut self, b: &BundleFrame<'_>, now: Instant, back: &mut Link) {
+        let h = BundleHeader::of(b);
+        if self.no_channel {
+            let kind = AckKind::Reject {
+                ack: h.seq,
+                message_id: h.first_message_id,
+                status: CompletionStatus::NoRoute,
+            };
+            back.send(now, ack_frame(h.session, kind));
+            return;
+        }
+        match self.table.on_bundle(B_CH, A_ADDR, &h, now) {
+            BundleVerdict::Process { skip } => {
+                for (_, e) in b.entries().skip(usize::from(skip)) {
+                    if let Some(status) = (self.policy)(e.cookie, true, true, now) {
+                        if let Blocked::Rejected(p) = self.table.blocked(B_CH, A_ADDR, now, status)
+                        {
+                            assert!(p.is_none(), "a whole message has no earlier placement");
+                        }
+                        break;
+                    }
+                    self.delivered.push((e.cookie, e.payload.to_vec()));
+                    self.table.entry_accepted(B_CH, A_ADDR, now);
+                }
+            }
+            BundleVerdict::Drop => {}
+            BundleVerdict::Reset => back.send(now, ack_frame(h.session, AckKind::Reset)),
+        }
+    }
+
     fn send_acks(&mut self, now: Instant, back: &mut Link) {
         self.table.take_acks(|a| {
             assert_eq!((a.local, a.remote), (B_CH, A_ADDR));
@@ -199,7 +237,39 @@ fn ack_frame(session: u32, kind: AckKind) -> Vec<u8> {
     a.frame(B_ADDR).encode().unwrap()
 }
 
-fn data_frame(f: &FrameOut<'_, Msg>) -> Vec<u8> {
+fn data_frame(f: FrameOut<'_, Msg>) -> Vec<u8> {
+    if let Some(bundle) = f.bundle {
+        let count = bundle.len() as u16;
+        let mut entries = Vec::new();
+        for (i, (id, m)) in bundle.enumerate() {
+            assert_eq!(
+                id,
+                f.message_id.wrapping_add(i as u32),
+                "bundle ids are consecutive"
+            );
+            BundleEntry {
+                cookie: m.index as u64,
+                msg_flags: 0,
+                payload: &m.payload,
+            }
+            .encode_into(&mut entries)
+            .unwrap();
+        }
+        let frame = Frame {
+            dst: f.remote.mac,
+            src: A_MAC,
+            body: FrameBody::Bundle(BundleFrame {
+                src_endpoint: A_ADDR.endpoint,
+                dst_endpoint: f.remote.endpoint,
+                session: f.session,
+                seq: f.seq,
+                first_message_id: f.message_id,
+                count,
+                entries: &entries,
+            }),
+        };
+        return frame.encode().unwrap();
+    }
     let start = f.frag_offset as usize;
     let payload = &f.handle.payload[start..start + f.frag_len as usize];
     assert_eq!((f.local, f.remote), (A_CH, B_ADDR));
@@ -226,6 +296,8 @@ struct Sim {
     completed: Vec<(usize, CompletionStatus, Instant)>,
     /// Called once at the next step (a hook that must run again registers itself again).
     hooks: Vec<Hook>,
+    /// Messages of at most [`INLINE_CAPACITY`] bytes are offered as bundle entries.
+    bundling: bool,
 }
 
 impl Sim {
@@ -242,6 +314,7 @@ impl Sim {
             offered: 0,
             completed: Vec::new(),
             hooks: Vec::new(),
+            bundling: false,
         }
     }
 
@@ -263,7 +336,9 @@ impl Sim {
         let now = self.now;
         while let Some(m) = self.to_offer.pop_front() {
             let len = m.payload.len() as u32;
-            match self.sender.offer(A_CH, B_ADDR, m, len, now) {
+            let entry = (self.bundling && m.payload.len() <= INLINE_CAPACITY)
+                .then(|| bundle_entry_len(m.payload.len()) as u32);
+            match self.sender.offer(A_CH, B_ADDR, m, len, entry, now) {
                 Ok(()) => {}
                 Err(Refused::Full(m)) => {
                     self.to_offer.push_front(m);
@@ -279,7 +354,7 @@ impl Sim {
                 return false;
             }
             budget -= 1;
-            ab.send(now, data_frame(&f));
+            ab.send(now, data_frame(f));
             true
         });
         for f in self.ab.due(now) {
@@ -799,7 +874,7 @@ fn the_first_frame_of_a_session_goes_alone_and_bad_acks_are_dropped() {
     let mut s: SendTable<u32> = SendTable::new(cfg, 500);
     let mut done = Vec::new();
     for i in 0..3 {
-        s.offer(A_CH, B_ADDR, i, 3000, t).unwrap();
+        s.offer(A_CH, B_ADDR, i, 3000, None, t).unwrap();
     }
     let mut sent = Vec::new();
     s.transmit(t, |f| {
@@ -862,11 +937,14 @@ fn the_first_frame_of_a_session_goes_alone_and_bad_acks_are_dropped() {
     );
     // The table refuses beyond max_messages, and too large messages.
     for i in 0..cfg.max_messages as u32 - 1 {
-        s.offer(A_CH, B_ADDR, 10 + i, 1, t1).unwrap();
+        s.offer(A_CH, B_ADDR, 10 + i, 1, None, t1).unwrap();
     }
-    assert_eq!(s.offer(A_CH, B_ADDR, 1000, 1, t1), Err(Refused::Full(1000)));
     assert_eq!(
-        s.offer(A_CH, B_ADDR, 1001, MAX_MESSAGE_LEN + 1, t1),
+        s.offer(A_CH, B_ADDR, 1000, 1, None, t1),
+        Err(Refused::Full(1000))
+    );
+    assert_eq!(
+        s.offer(A_CH, B_ADDR, 1001, MAX_MESSAGE_LEN + 1, None, t1),
         Err(Refused::TooLarge(1001))
     );
 }
@@ -926,6 +1004,21 @@ fn tables_stay_within_their_bounds_under_garbage() {
                     _ => {}
                 }
             }
+            let b = BundleHeader {
+                session: small(&mut rng),
+                seq: small(&mut rng),
+                first_message_id: small(&mut rng),
+                count: (rng.next() % 4) as u16,
+            };
+            if let BundleVerdict::Process { .. } = recv.on_bundle(local, remote, &b, now) {
+                for _ in 0..rng.next() % 4 {
+                    match rng.next() % 3 {
+                        0 => recv.entry_accepted(local, remote, now),
+                        1 => drop(recv.blocked(local, remote, now, CompletionStatus::RingFull)),
+                        _ => drop(recv.rejected(local, remote, CompletionStatus::RingFull)),
+                    }
+                }
+            }
             assert!(recv.len() <= cfg.max_recv_sessions);
             if i % 16 == 0 {
                 let mut n = 0;
@@ -936,14 +1029,22 @@ fn tables_stay_within_their_bounds_under_garbage() {
 
             let (local, remote) = key(&mut rng);
             match rng.next() % 3 {
-                0 => drop(send.offer(local, remote, i, (rng.next() % 100_000) as u32, now)),
+                0 => {
+                    // Small messages may share frames; every kind of ack below meets them.
+                    let len = match rng.next() % 2 {
+                        0 => (rng.next() % 100_000) as u32,
+                        _ => (rng.next() % 41) as u32,
+                    };
+                    let entry = (len <= 40).then(|| bundle_entry_len(len as usize) as u32);
+                    drop(send.offer(local, remote, i, len, entry, now))
+                }
                 1 => send.transmit(now, |f| {
                     assert!(f.frag_len as usize <= cfg.chunk);
                     assert!(f.frag_offset + f.frag_len <= f.total_len);
                     rng.next() % 8 != 0
                 }),
                 _ => {
-                    let kind = match rng.next() % 3 {
+                    let kind = match rng.next() % 5 {
                         0 => AckKind::Cumulative {
                             ack: small(&mut rng),
                         },
@@ -951,6 +1052,9 @@ fn tables_stay_within_their_bounds_under_garbage() {
                             ack: small(&mut rng),
                             message_id: small(&mut rng),
                             status: CompletionStatus::ALL[1 + (rng.next() % 11) as usize],
+                        },
+                        3 => AckKind::Blocked {
+                            ack: small(&mut rng),
                         },
                         _ => AckKind::Reset,
                     };
@@ -1073,7 +1177,7 @@ fn a_reject_mid_message_renumbers_from_the_rejected_frame() {
     let mut s: SendTable<u32> = SendTable::new(ReliableConfig::default(), 70);
     // Message 0: 3 frames (seq 0..=2); message 1: 1 frame (3); message 2: 2 frames (4..=5).
     for (handle, len) in [(0, 3000), (1, 10), (2, 2000)] {
-        s.offer(A_CH, B_ADDR, handle, len, t).unwrap();
+        s.offer(A_CH, B_ADDR, handle, len, None, t).unwrap();
     }
     let session = s.session(A_CH, B_ADDR).unwrap().id();
     let mut done = Vec::new();
@@ -1131,5 +1235,121 @@ fn a_reject_mid_message_renumbers_from_the_rejected_frame() {
     assert_eq!(
         rest,
         vec![(1, CompletionStatus::Ok), (2, CompletionStatus::Ok)]
+    );
+}
+
+/// A simulation with `n` messages of `len` bytes offered as bundle entries.
+fn bundled(faults: FaultInjection, seed: u64, n: usize, len: usize) -> Sim {
+    let mut sim = Sim::new(ReliableConfig::default(), faults, seed);
+    sim.bundling = true;
+    for _ in 0..n {
+        sim.add(len);
+    }
+    sim
+}
+
+#[test]
+fn small_messages_share_frames_and_survive_lossy_links() {
+    let mut retransmitted = 0;
+    for seed in 0..8 {
+        let mut sim = bundled(LOSSY, seed, 0, 0);
+        let mut rng = Rng(seed.wrapping_mul(0x51) | 1);
+        for _ in 0..400 {
+            sim.add((rng.next() % (INLINE_CAPACITY as u64 + 1)) as usize);
+        }
+        sim.run(Duration::from_secs(60));
+        sim.check();
+        assert!(
+            sim.completed.iter().all(|c| c.1 == CompletionStatus::Ok),
+            "seed {seed}"
+        );
+        let s = sim.sender.counters();
+        let r = sim.receiver.table.counters();
+        assert_eq!(r.messages_delivered, 400, "seed {seed}");
+        assert!(
+            r.bundles_accepted > 0 && s.frames_sent < 100,
+            "seed {seed}: 400 messages took {} frames ({} bundles)",
+            s.frames_sent,
+            r.bundles_accepted
+        );
+        retransmitted += s.frames_retransmitted;
+    }
+    assert!(retransmitted > 0, "the faults never hit a frame");
+}
+
+#[test]
+fn a_bundle_blocked_part_way_goes_on_after_its_placed_entries() {
+    for faults in [FaultInjection::default(), LOSSY] {
+        let mut sim = bundled(faults, 5, 30, 20);
+        let t0 = sim.t0;
+        // The RX ring is full when message 10 arrives, for 300 us (within the wait).
+        sim.receiver.policy = Box::new(move |cookie, _, _, now| {
+            (cookie == 10 && now - t0 < Duration::from_micros(300))
+                .then_some(CompletionStatus::RingFull)
+        });
+        sim.run(Duration::from_secs(10));
+        sim.check();
+        assert!(
+            sim.completed.iter().all(|c| c.1 == CompletionStatus::Ok),
+            "{faults:?}"
+        );
+        let s = sim.sender.counters();
+        let r = sim.receiver.table.counters();
+        assert!(r.blocked > 0 && r.bundles_accepted > 0, "{faults:?}: {r:?}");
+        if faults.is_off() {
+            // One bundle; its copies after the pause carry on after message 9.
+            assert_eq!(s.frames_sent, 1, "{s:?}");
+            assert!(s.pauses > 0 && s.timeouts == 0, "{s:?}");
+            assert_eq!(r.messages_delivered, 30);
+        }
+    }
+}
+
+#[test]
+fn a_bundle_entry_rejected_fails_alone_and_the_rest_follow() {
+    let mut sim = bundled(FaultInjection::default(), 6, 30, 20);
+    // Message 10 never finds room: rejected after the wait; 0-9 were delivered before it, and
+    // 11-29 travel again, renumbered, in a new bundle.
+    sim.receiver.policy =
+        Box::new(|cookie, _, _, _| (cookie == 10).then_some(CompletionStatus::RingFull));
+    sim.run(Duration::from_secs(10));
+    sim.check();
+    for i in 0..30 {
+        let want = match i {
+            10 => CompletionStatus::RingFull,
+            _ => CompletionStatus::Ok,
+        };
+        assert_eq!(sim.status(i), Some(want), "message {i}");
+    }
+    let r = sim.receiver.table.counters();
+    assert_eq!((r.rejects, r.messages_delivered), (1, 29), "{r:?}");
+}
+
+#[test]
+fn a_blocked_receiver_pauses_the_sender_instead_of_timing_out() {
+    let mut sim = Sim::new(ReliableConfig::default(), FaultInjection::default(), 7);
+    for _ in 0..3000 {
+        sim.add(1000);
+    }
+    let t0 = sim.t0;
+    // Every frame finds the RX ring full from 100 to 500 us (within the wait).
+    sim.receiver.policy = Box::new(move |_, _, _, now| {
+        let since = now - t0;
+        (since >= Duration::from_micros(100) && since < Duration::from_micros(500))
+            .then_some(CompletionStatus::RingFull)
+    });
+    sim.run(Duration::from_secs(10));
+    sim.check();
+    assert!(sim.completed.iter().all(|c| c.1 == CompletionStatus::Ok));
+    let s = sim.sender.counters();
+    let r = sim.receiver.table.counters();
+    assert!(r.blocked > 0, "the receiver was blocked: {r:?}");
+    // Without the pause, the window goes into the blocked receiver and the sender waits out a
+    // retransmission timeout (1 ms at least).
+    assert!(s.pauses > 0 && s.timeouts == 0, "{s:?}");
+    assert!(
+        sim.elapsed() < Duration::from_millis(5),
+        "took {:?}",
+        sim.elapsed()
     );
 }

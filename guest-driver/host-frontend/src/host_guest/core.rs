@@ -192,6 +192,7 @@ impl Core {
             FrameBody::ControlRequest(_)
             | FrameBody::Data(_)
             | FrameBody::Ack(_)
+            | FrameBody::Bundle(_)
             | FrameBody::Doorbell { .. } => {
                 self.stats.svnic_dropped += 1;
                 Ok(())

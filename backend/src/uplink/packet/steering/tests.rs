@@ -63,10 +63,10 @@ fn svnic(kind: u8, endpoint: u32, len: usize) -> Vec<u8> {
 const ENDPOINTS: [u32; 8] = [0, 1, 2, 3, 7, 1 << 31, u32::MAX - 1, u32::MAX];
 
 #[test]
-fn data_and_ack_frames_go_to_their_endpoints_worker() {
+fn data_ack_and_bundle_frames_go_to_their_endpoints_worker() {
     for workers in 1..=8u16 {
         let prog = steering_program(workers);
-        for kind in [TYPE_DATA, TYPE_ACK] {
+        for kind in [TYPE_DATA, TYPE_ACK, TYPE_BUNDLE] {
             for endpoint in ENDPOINTS {
                 for len in [26, 60, 1514] {
                     let frame = svnic(kind, endpoint, len);
@@ -97,7 +97,7 @@ fn endpoint_bytes_are_read_little_endian() {
 fn other_frames_go_by_destination_mac_and_agree_with_the_rust_rule() {
     let mut frames = Vec::new();
     // svnic frames of types that never come from the wire, and of another version.
-    for kind in [0, 1, 2, 4, 5, 7, 255] {
+    for kind in [0, 1, 2, 4, 5, 8, 255] {
         frames.push(svnic(kind, 5, 60));
     }
     let mut v2 = svnic(TYPE_DATA, 5, 60);
