@@ -293,6 +293,12 @@ fn with_loss_duplication_and_reordering_every_message_arrives_once_in_order() {
     assert!(w.get("data_retransmitted") > 0, "{w:?}");
     let wb = &uplink_until(&hosts.hosts[1], |w| w[0].get("duplicates") > 0)[0];
     assert!(wb.get("duplicates") + wb.get("out_of_order") > 0, "{wb:?}");
+    // The user-data, sent in bursts, crossed largely in bundles (several messages per frame).
+    assert!(wb.get("bundles_accepted") > 0, "{wb:?}");
+    assert!(
+        wb.get("frames_accepted") < wb.get("messages_delivered"),
+        "{wb:?}"
+    );
 }
 
 #[test]
