@@ -638,6 +638,20 @@ fn queue(socket: &mut PacketSocket, counters: &WireCounters, frame: &[u8]) -> bo
     }
 }
 
+/// The local channel (destination MAC and endpoint) and the remote one (source MAC and
+/// endpoint) a frame from the wire is between.
+fn addresses(dst: MacAddr, src: MacAddr, dst_ep: u32, src_ep: u32) -> (ChannelAddr, ChannelAddr) {
+    let local = ChannelAddr {
+        mac: dst,
+        endpoint: dst_ep,
+    };
+    let remote = ChannelAddr {
+        mac: src,
+        endpoint: src_ep,
+    };
+    (local, remote)
+}
+
 /// The receiving half of a pass, borrowed out of the [`WireSide`] while its socket walks the RX
 /// ring.
 struct Receiver<'a> {
@@ -690,14 +704,7 @@ impl Receiver<'_> {
     }
 
     fn ack(&mut self, dst: MacAddr, src: MacAddr, a: &AckFrame) {
-        let local = ChannelAddr {
-            mac: dst,
-            endpoint: a.dst_endpoint,
-        };
-        let remote = ChannelAddr {
-            mac: src,
-            endpoint: a.src_endpoint,
-        };
+        let (local, remote) = addresses(dst, src, a.dst_endpoint, a.src_endpoint);
         match self.routes.lookup(&local) {
             Some((id, _)) => self.send.on_ack(*id, remote, a, self.now, self.completions),
             None if self.ports.owns(dst) => bump(&self.counters.rx_no_route, 1),
@@ -748,14 +755,7 @@ impl Receiver<'_> {
     }
 
     fn bundle(&mut self, dst: MacAddr, src: MacAddr, b: &BundleFrame<'_>) {
-        let local = ChannelAddr {
-            mac: dst,
-            endpoint: b.dst_endpoint,
-        };
-        let remote = ChannelAddr {
-            mac: src,
-            endpoint: b.src_endpoint,
-        };
+        let (local, remote) = addresses(dst, src, b.dst_endpoint, b.src_endpoint);
         let h = BundleHeader::of(b);
         let Some((id, dest)) =
             self.destination(local, remote, (h.session, h.seq, h.first_message_id))
@@ -783,14 +783,7 @@ impl Receiver<'_> {
     }
 
     fn data(&mut self, dst: MacAddr, src: MacAddr, d: &DataFrame<'_>) {
-        let local = ChannelAddr {
-            mac: dst,
-            endpoint: d.header.dst_endpoint,
-        };
-        let remote = ChannelAddr {
-            mac: src,
-            endpoint: d.header.src_endpoint,
-        };
+        let (local, remote) = addresses(dst, src, d.header.dst_endpoint, d.header.src_endpoint);
         let h = DataHeader::of(d);
         let Some((id, dest)) = self.destination(local, remote, (h.session, h.seq, h.message_id))
         else {
