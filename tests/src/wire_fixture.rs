@@ -68,6 +68,11 @@ impl WireHost {
         self.guests[i].socket.clone()
     }
 
+    /// The host's scratch directory (its sockets and logs).
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
     /// The host's namespace.
     pub fn ns(&self) -> &NetNs {
         &self.ns
