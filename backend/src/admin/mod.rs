@@ -303,125 +303,134 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// A record shown as one line of a table: its column names and its cells, in the same order.
+trait TableRow {
+    /// Column names.
+    const HEADER: &'static [&'static str];
+    /// The cells of this record.
+    fn cells(&self) -> Vec<String>;
+}
+
+/// `rows` as a table.
+fn table_of<R: TableRow>(rows: &[R]) -> String {
+    table(R::HEADER, &rows.iter().map(R::cells).collect::<Vec<_>>())
+}
+
+impl TableRow for GuestView {
+    const HEADER: &'static [&'static str] = &[
+        "NAME",
+        "MAC",
+        "SOCKET",
+        "CONNECTED",
+        "CHANNELS",
+        "FRAMES-IN",
+        "FRAMES-OUT",
+        "DROPS",
+        "REFUSED",
+        "POOL",
+        "PID",
+        "UID",
+    ];
+    fn cells(&self) -> Vec<String> {
+        vec![
+            self.name.clone(),
+            self.macs.join(","),
+            self.socket.clone(),
+            if self.connected { "yes" } else { "no" }.to_string(),
+            self.channels.to_string(),
+            self.frames_in.to_string(),
+            self.frames_out.to_string(),
+            self.drops.to_string(),
+            self.refused_peers.to_string(),
+            opt(&self.pool),
+            opt(&self.peer_pid),
+            opt(&self.peer_uid),
+        ]
+    }
+}
+
+impl TableRow for PoolView {
+    const HEADER: &'static [&'static str] = &[
+        "NAME", "SOCKET", "MACS", "MAX", "LIVE", "ACCEPTED", "FULL", "REFUSED",
+    ];
+    fn cells(&self) -> Vec<String> {
+        vec![
+            self.name.clone(),
+            self.socket.clone(),
+            self.macs.clone(),
+            self.max.to_string(),
+            self.live.to_string(),
+            self.accepted.to_string(),
+            self.refused_full.to_string(),
+            self.refused_peers.to_string(),
+        ]
+    }
+}
+
+impl TableRow for ChannelView {
+    const HEADER: &'static [&'static str] = &[
+        "ID",
+        "GUEST",
+        "ADDR",
+        "STATE",
+        "WORKER",
+        "CPU",
+        "RING",
+        "TX",
+        "DELIVERED",
+        "ERRORS",
+        "RX",
+        "RX-BYTES",
+    ];
+    fn cells(&self) -> Vec<String> {
+        vec![
+            self.id.to_string(),
+            self.guest.clone(),
+            self.addr.clone(),
+            self.state.clone(),
+            opt(&self.worker),
+            opt(&self.cpu),
+            self.ring_size.to_string(),
+            self.tx.to_string(),
+            self.delivered.to_string(),
+            self.errors.to_string(),
+            self.rx.to_string(),
+            self.rx_bytes.to_string(),
+        ]
+    }
+}
+
+impl TableRow for WorkerView {
+    const HEADER: &'static [&'static str] = &[
+        "WORKER",
+        "CPU",
+        "CHANNELS",
+        "MESSAGES",
+        "SLEEPS",
+        "DOORBELLS",
+        "FAULTS",
+    ];
+    fn cells(&self) -> Vec<String> {
+        vec![
+            self.worker.to_string(),
+            opt(&self.cpu),
+            self.channels.to_string(),
+            self.messages.to_string(),
+            self.sleeps.to_string(),
+            self.doorbells.to_string(),
+            self.faults.to_string(),
+        ]
+    }
+}
+
 /// Renders a response for humans.
 pub fn render(resp: &AdminResponse) -> String {
     match resp {
-        AdminResponse::Guests { guests } => table(
-            &[
-                "NAME",
-                "MAC",
-                "SOCKET",
-                "CONNECTED",
-                "CHANNELS",
-                "FRAMES-IN",
-                "FRAMES-OUT",
-                "DROPS",
-                "REFUSED",
-                "POOL",
-                "PID",
-                "UID",
-            ],
-            &guests
-                .iter()
-                .map(|g| {
-                    vec![
-                        g.name.clone(),
-                        g.macs.join(","),
-                        g.socket.clone(),
-                        if g.connected { "yes" } else { "no" }.to_string(),
-                        g.channels.to_string(),
-                        g.frames_in.to_string(),
-                        g.frames_out.to_string(),
-                        g.drops.to_string(),
-                        g.refused_peers.to_string(),
-                        opt(&g.pool),
-                        opt(&g.peer_pid),
-                        opt(&g.peer_uid),
-                    ]
-                })
-                .collect::<Vec<_>>(),
-        ),
-        AdminResponse::Pools { pools } => table(
-            &[
-                "NAME", "SOCKET", "MACS", "MAX", "LIVE", "ACCEPTED", "FULL", "REFUSED",
-            ],
-            &pools
-                .iter()
-                .map(|p| {
-                    vec![
-                        p.name.clone(),
-                        p.socket.clone(),
-                        p.macs.clone(),
-                        p.max.to_string(),
-                        p.live.to_string(),
-                        p.accepted.to_string(),
-                        p.refused_full.to_string(),
-                        p.refused_peers.to_string(),
-                    ]
-                })
-                .collect::<Vec<_>>(),
-        ),
-        AdminResponse::Channels { channels } => table(
-            &[
-                "ID",
-                "GUEST",
-                "ADDR",
-                "STATE",
-                "WORKER",
-                "CPU",
-                "RING",
-                "TX",
-                "DELIVERED",
-                "ERRORS",
-                "RX",
-                "RX-BYTES",
-            ],
-            &channels
-                .iter()
-                .map(|c| {
-                    vec![
-                        c.id.to_string(),
-                        c.guest.clone(),
-                        c.addr.clone(),
-                        c.state.clone(),
-                        opt(&c.worker),
-                        opt(&c.cpu),
-                        c.ring_size.to_string(),
-                        c.tx.to_string(),
-                        c.delivered.to_string(),
-                        c.errors.to_string(),
-                        c.rx.to_string(),
-                        c.rx_bytes.to_string(),
-                    ]
-                })
-                .collect::<Vec<_>>(),
-        ),
+        AdminResponse::Guests { guests } => table_of(guests),
+        AdminResponse::Pools { pools } => table_of(pools),
+        AdminResponse::Channels { channels } => table_of(channels),
         AdminResponse::Engine(e) => {
-            let mut s = table(
-                &[
-                    "WORKER",
-                    "CPU",
-                    "CHANNELS",
-                    "MESSAGES",
-                    "SLEEPS",
-                    "DOORBELLS",
-                    "FAULTS",
-                ],
-                &e.workers
-                    .iter()
-                    .map(|w| {
-                        vec![
-                            w.worker.to_string(),
-                            opt(&w.cpu),
-                            w.channels.to_string(),
-                            w.messages.to_string(),
-                            w.sleeps.to_string(),
-                            w.doorbells.to_string(),
-                            w.faults.to_string(),
-                        ]
-                    })
-                    .collect::<Vec<_>>(),
-            );
+            let mut s = table_of(&e.workers);
             s.push_str(&format!(
                 "control responses {}  doorbells {}  wakes {}  svnic-frame drops {}  switch drops {}\n",
                 e.control_requests, e.doorbells, e.wakes, e.svnic_frame_drops, e.switch_drops

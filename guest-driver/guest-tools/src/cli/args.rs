@@ -124,6 +124,28 @@ impl Common {
             "vm"
         }
     }
+
+    /// The report of `tool` run with these options: `size` bytes per message, `count` asked
+    /// for, between `local` and `peer` (if this side named it).
+    pub fn report(
+        &self,
+        tool: &'static str,
+        (size, count): (usize, u64),
+        local: String,
+        peer: Option<String>,
+        outcome: super::Outcome,
+    ) -> super::Report {
+        super::Report {
+            tool,
+            mode: self.mode(),
+            path: self.path,
+            size,
+            count,
+            local,
+            peer,
+            outcome,
+        }
+    }
 }
 
 /// Where a sending tool (ping, perf) sends, and how much per message.

@@ -65,16 +65,13 @@ pub(super) fn crash_test(a: &CrashTestArgs) -> Result<Report, CliError> {
             Ok(ch) => {
                 let after = killed.elapsed();
                 t.release(ch);
-                return Ok(Report {
-                    tool: "crash-test",
-                    mode: c.mode(),
-                    path: c.path,
-                    size: 0,
-                    count: 1,
+                return Ok(c.report(
+                    "crash-test",
+                    (0, 1),
                     local,
-                    peer: None,
-                    outcome: Outcome::Reclaimed { pid, after },
-                });
+                    None,
+                    Outcome::Reclaimed { pid, after },
+                ));
             }
             Err(e) if Instant::now() >= deadline => {
                 return Err(CliError::failed(

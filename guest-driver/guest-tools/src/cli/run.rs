@@ -267,16 +267,13 @@ fn ping(a: &PingArgs) -> Result<Report, CliError> {
                 .ok_or_else(|| CliError::failed("ping", "a reply never came"))
         })?,
     };
-    Ok(Report {
-        tool: "ping",
-        mode: c.mode(),
-        path: c.path,
-        size,
-        count: a.count as u64,
+    Ok(c.report(
+        "ping",
+        (size, a.count as u64),
         local,
-        peer: Some(peer),
-        outcome: Outcome::Latency(stats),
-    })
+        Some(peer),
+        Outcome::Latency(stats),
+    ))
 }
 
 fn echo(a: &EchoArgs) -> Result<Report, CliError> {
@@ -306,16 +303,13 @@ fn echo(a: &EchoArgs) -> Result<Report, CliError> {
             ),
         ));
     }
-    Ok(Report {
-        tool: "echo",
-        mode: c.mode(),
-        path: c.path,
-        size: 0,
-        count: a.count as u64,
+    Ok(c.report(
+        "echo",
+        (0, a.count as u64),
         local,
-        peer: None,
-        outcome: Outcome::Echoed(echoed as u64),
-    })
+        None,
+        Outcome::Echoed(echoed as u64),
+    ))
 }
 
 fn timed(
@@ -362,16 +356,13 @@ fn perf(a: &PerfArgs) -> Result<Report, CliError> {
             })
         })?,
     };
-    Ok(Report {
-        tool: "perf",
-        mode: c.mode(),
-        path: c.path,
-        size,
-        count: a.count,
+    Ok(c.report(
+        "perf",
+        (size, a.count),
         local,
-        peer: Some(peer),
-        outcome: Outcome::Stream(t),
-    })
+        Some(peer),
+        Outcome::Stream(t),
+    ))
 }
 
 fn sink(a: &SinkArgs) -> Result<Report, CliError> {
@@ -402,16 +393,16 @@ fn sink(a: &SinkArgs) -> Result<Report, CliError> {
     if t.messages == 0 {
         return Err(CliError::failed("receive", "nothing arrived"));
     }
-    Ok(Report {
-        tool: "sink",
-        mode: c.mode(),
-        path: c.path,
-        size: t.bytes.checked_div(t.messages).unwrap_or(0) as usize,
-        count: a.count,
+    Ok(c.report(
+        "sink",
+        (
+            t.bytes.checked_div(t.messages).unwrap_or(0) as usize,
+            a.count,
+        ),
         local,
-        peer: None,
-        outcome: Outcome::Stream(t),
-    })
+        None,
+        Outcome::Stream(t),
+    ))
 }
 
 #[cfg(test)]
