@@ -374,13 +374,14 @@ fn garbage(state: &mut u64) -> Vec<u8> {
     let len = 14 + (next() % 1501) as usize;
     let mut f: Vec<u8> = (0..len).map(|_| next() as u8).collect();
     match next() % 4 {
-        // An svnic frame with a random body, of a type that comes from the wire, to a MAC of
-        // host A's range, from a unicast source.
+        // An svnic frame with a random body, of a type that comes from the wire (data, ack,
+        // bundle), to a MAC of host A's range, from a unicast source.
         0 | 1 => {
             f.resize(f.len().max(64), 0);
             f[..6].copy_from_slice(&[0x52, 0x54, 0x00, 0x10, 0x00, (next() % 3) as u8]);
             f[6] &= 0xfe;
-            f[12..16].copy_from_slice(&[0x88, 0xb5, 1, if next() % 2 == 0 { 3 } else { 6 }]);
+            let kind = [3, 6, 7][(next() % 3) as usize];
+            f[12..16].copy_from_slice(&[0x88, 0xb5, 1, kind]);
         }
         // Anything at all, but from a unicast source.
         _ => f[6] &= 0xfe,
