@@ -668,7 +668,7 @@ struct Receiver<'a> {
     now: Instant,
 }
 
-impl Receiver<'_> {
+impl<'a> Receiver<'a> {
     fn frame(&mut self, bytes: &[u8]) {
         let c = self.counters;
         match self.ports.deliver(bytes) {
@@ -727,8 +727,8 @@ impl Receiver<'_> {
         local: ChannelAddr,
         remote: ChannelAddr,
         (session, seq, message_id): (u32, u32, u32),
-    ) -> Option<(ChannelId, Arc<EngineChannel>)> {
-        let routes = self.routes;
+    ) -> Option<(ChannelId, &'a Arc<EngineChannel>)> {
+        let routes: &'a RoutingSnapshot<Arc<EngineChannel>> = self.routes;
         let Some((id, dest)) = routes.lookup(&local) else {
             if self.ports.owns(local.mac) {
                 bump(&self.counters.rx_no_route, 1);
@@ -751,7 +751,7 @@ impl Receiver<'_> {
             self.local_addrs.clear();
         }
         self.local_addrs.entry(*id).or_insert(local);
-        Some((*id, dest.clone()))
+        Some((*id, dest))
     }
 
     fn bundle(&mut self, dst: MacAddr, src: MacAddr, b: &BundleFrame<'_>) {
@@ -775,7 +775,7 @@ impl Receiver<'_> {
             if let Err(outcome) = msg.take(0, entry.payload) {
                 return self.refused(id, remote, outcome);
             }
-            match msg.finish(&dest, remote, entry.cookie) {
+            match msg.finish(dest, remote, entry.cookie) {
                 Outcome::Delivered { .. } => self.recv.entry_accepted(id, remote, self.now),
                 outcome => return self.refused(id, remote, outcome),
             }
@@ -789,7 +789,6 @@ impl Receiver<'_> {
         else {
             return;
         };
-        let dest = &dest;
         match self.recv.on_frame(id, remote, &h, self.now) {
             Verdict::Drop => {}
             Verdict::Reset => self.answer(local, remote, h.session, AckKind::Reset),

@@ -426,7 +426,7 @@ impl<P> RecvSession<P> {
         let Some(h) = self.current.take() else {
             return Blocked::Wait;
         };
-        // A duplicate ack: the sender knows the peer is alive and retransmits on its timer.
+        // A blocked ack (`take_ack`): a sign of life; the sender pauses, then probes.
         self.ack_due = true;
         self.counters.blocked += 1;
         let since = match self.blocked_since {

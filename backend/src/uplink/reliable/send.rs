@@ -111,6 +111,14 @@ pub struct Bundle<'a, T> {
     messages: vec_deque::Iter<'a, Outgoing<T>>,
 }
 
+impl<T> Clone for Bundle<'_, T> {
+    fn clone(&self) -> Self {
+        Bundle {
+            messages: self.messages.clone(),
+        }
+    }
+}
+
 impl<T> Bundle<'_, T> {
     /// How many messages are left.
     pub fn len(&self) -> usize {
@@ -198,6 +206,9 @@ struct Outgoing<T> {
     frames: u32,
     /// Bytes it takes as a bundle entry, if it may travel in a bundle.
     entry: Option<u32>,
+    /// A frame of it was transmitted: the messages it shares that frame with stay its only
+    /// company for the rest of the session (a copy of the frame may still be on the wire).
+    sent: bool,
 }
 
 /// The bundle being filled at the end of the numbering: its frame is not sent yet.
@@ -248,6 +259,9 @@ pub struct SendSession<T> {
     paused_until: Option<Instant>,
     /// After a pause: one frame at a time until the receiver takes one.
     probing: bool,
+    /// When the probe went: blocked acks sooner than half a round trip after it answer the
+    /// burst before the pause, not the probe.
+    probe_sent: Option<Instant>,
     /// The next pause.
     pause: Duration,
     last_active: Instant,
@@ -284,6 +298,7 @@ impl<T> SendSession<T> {
             fast_retransmitted: false,
             paused_until: None,
             probing: false,
+            probe_sent: None,
             pause: FIRST_PAUSE,
             last_active: now,
             counters: SendCounters::default(),
@@ -364,6 +379,7 @@ impl<T> SendSession<T> {
             first_seq: 0,
             frames: self.cfg.frames_of(len),
             entry,
+            sent: false,
         });
         self.number(self.queue.len() - 1);
         self.next_message_id = self.next_message_id.wrapping_add(1);
@@ -435,6 +451,7 @@ impl<T> SendSession<T> {
             let bundle = (mates >= 2).then(|| Bundle {
                 messages: self.queue.range(idx..idx + mates),
             });
+            let members = idx..idx + mates.max(1);
             let frame = FrameOut {
                 local: self.local,
                 remote: self.remote,
@@ -451,6 +468,12 @@ impl<T> SendSession<T> {
             };
             if !emit(frame) {
                 return false;
+            }
+            for o in self.queue.range_mut(members) {
+                o.sent = true;
+            }
+            if self.probing && self.nxt == self.una {
+                self.probe_sent = Some(now);
             }
             if !self.outstanding() {
                 self.heard = now;
@@ -490,11 +513,11 @@ impl<T> SendSession<T> {
             return;
         }
         match kind {
-            AckKind::Cumulative { ack } => {
-                self.on_cumulative(ack, now, completions);
-            }
+            AckKind::Cumulative { ack } => self.on_cumulative(ack, now, completions),
             AckKind::Blocked { ack } => {
-                if self.on_cumulative(ack, now, completions) {
+                self.on_cumulative(ack, now, completions);
+                // Blocked at the window base, after whatever progress the ack made.
+                if ack == self.una && self.outstanding() {
                     self.on_blocked(now);
                 }
             }
@@ -529,34 +552,23 @@ impl<T> SendSession<T> {
         }
     }
 
-    /// Takes a cumulative ack (also the cumulative part of a blocked one). Returns true if it
-    /// is about the window base, frames being outstanding (a blocked ack then pauses).
-    fn on_cumulative(
-        &mut self,
-        ack: u32,
-        now: Instant,
-        completions: &mut Vec<Completed<T>>,
-    ) -> bool {
+    /// Takes a cumulative ack (also the cumulative part of a blocked one).
+    fn on_cumulative(&mut self, ack: u32, now: Instant, completions: &mut Vec<Completed<T>>) {
         if seq_lt(self.max_sent, ack) {
             self.counters.acks_beyond_sent += 1;
-            return false;
+            return;
         }
         self.established = true;
         self.heard = now;
         self.last_active = now;
         if seq_lt(ack, self.una) {
             self.counters.acks_stale += 1;
-            return false;
+            return;
         }
         if ack == self.una {
-            if !self.outstanding() {
-                return false;
-            }
-            if self.probing || self.paused_until.is_some() {
-                // Answers to the burst before the pause, or to the probe: the pause rules.
-                return true;
-            }
-            {
+            // While paused or probing the pause rules: these answer the burst before it, or
+            // the probe.
+            if self.outstanding() && !self.probing && self.paused_until.is_none() {
                 self.counters.duplicate_acks += 1;
                 self.dupacks += 1;
                 if self.dupacks >= 3 && !self.fast_retransmitted {
@@ -565,7 +577,7 @@ impl<T> SendSession<T> {
                     self.go_back();
                 }
             }
-            return true;
+            return;
         }
         if let Some((seq, sent)) = self.timing {
             if seq_lt(seq, ack) {
@@ -580,6 +592,7 @@ impl<T> SendSession<T> {
         self.dupacks = 0;
         self.fast_retransmitted = false;
         self.probing = false;
+        self.probe_sent = None;
         self.paused_until = None;
         self.pause = FIRST_PAUSE;
         while let Some(m) = self.queue.front() {
@@ -591,7 +604,6 @@ impl<T> SendSession<T> {
             }
         }
         self.rto_deadline = self.outstanding().then(|| now + self.rtt.rto());
-        false
     }
 
     /// The receiver cannot place the window base now and drops what follows it: rather than
@@ -599,8 +611,12 @@ impl<T> SendSession<T> {
     /// is dropped too), wait a pause, then send the base alone as a probe. Each blocked answer
     /// to a probe doubles the pause, up to the retransmission timeout; progress ends it.
     fn on_blocked(&mut self, now: Instant) {
-        if self.paused_until.is_some() || (self.probing && self.nxt == self.una) {
-            // Paused already, or the probe is not sent yet.
+        let half_rtt = self.rtt.srtt().unwrap_or(FIRST_PAUSE) / 2;
+        let early = self
+            .probe_sent
+            .is_some_and(|t| now.saturating_duration_since(t) < half_rtt);
+        if self.paused_until.is_some() || (self.probing && (self.nxt == self.una || early)) {
+            // Paused already, the probe is not sent yet, or this answers what went before it.
             return;
         }
         self.counters.pauses += 1;
@@ -651,16 +667,36 @@ impl<T> SendSession<T> {
         self.renumber_from(ack);
     }
 
-    /// Numbers the queued messages consecutively from `seq`, nothing of them sent (small ones
-    /// bundled anew).
+    /// Numbers the queued messages consecutively from `seq`, nothing of them counting as sent
+    /// any more. Messages that were transmitted keep the company they had in their frame (less
+    /// those that completed): a stale copy of that frame landing where the new one is expected
+    /// must carry the same messages, or be refused for carrying messages already taken.
+    /// Messages never transmitted are bundled anew after them.
     fn renumber_from(&mut self, seq: u32) {
         self.end = seq;
         self.una = seq;
         self.nxt = seq;
         self.max_sent = seq;
         self.open = None;
+        // (old first seq, new first seq) of the last transmitted message numbered.
+        let mut last_sent: Option<(u32, u32)> = None;
         for idx in 0..self.queue.len() {
-            self.number(idx);
+            let Some(m) = self.queue.get_mut(idx) else {
+                break;
+            };
+            if !m.sent {
+                self.number(idx);
+                continue;
+            }
+            let old = m.first_seq;
+            match last_sent {
+                Some((prev_old, prev_new)) if prev_old == old => m.first_seq = prev_new,
+                _ => {
+                    m.first_seq = self.end;
+                    self.end = self.end.wrapping_add(m.frames);
+                }
+            }
+            last_sent = Some((old, m.first_seq));
         }
         self.timing = None;
         self.rto_deadline = None;
@@ -668,6 +704,7 @@ impl<T> SendSession<T> {
         self.fast_retransmitted = false;
         self.paused_until = None;
         self.probing = false;
+        self.probe_sent = None;
         self.pause = FIRST_PAUSE;
     }
 
