@@ -1361,6 +1361,9 @@ fn a_bundle_entry_rejected_fails_alone_and_the_rest_follow() {
     }
     let r = sim.receiver.table.counters();
     assert_eq!((r.rejects, r.messages_delivered), (1, 29), "{r:?}");
+    // 11-29 went again together, in a bundle of their own.
+    assert_eq!(r.bundles_accepted, 1, "{r:?}");
+    assert_eq!(sim.company.get(&11).map(Vec::len), Some(19 + 11));
 }
 
 #[test]
