@@ -567,26 +567,14 @@ impl<P> RecvTable<P> {
     ) -> Verdict {
         let key = (local, remote);
         if !self.sessions.contains_key(&key) {
-            if h.seq != 0 {
-                self.retired.resets_sent += 1;
-                return Verdict::Reset;
-            }
             // Only a frame that can begin a message takes a slot in the table.
             let end = u64::from(h.frag_offset) + u64::from(h.frag_len);
             let starts = h.frag_offset == 0
                 && end <= u64::from(h.total_len)
                 && (h.frag_len > 0 || h.total_len == 0);
-            if !starts {
-                self.retired.invalid += 1;
-                return Verdict::Drop;
+            if let Err(v) = self.create(key, h.session, h.seq, starts, now) {
+                return v;
             }
-            if !self.make_room(now) {
-                return Verdict::Drop;
-            }
-            self.sessions.insert(
-                key,
-                RecvSession::new(h.session, self.cfg.backpressure_wait, now),
-            );
         }
         self.with(key, |s, abandoned| s.on_frame(h, now, abandoned))
             .unwrap_or(Verdict::Drop)
@@ -603,17 +591,11 @@ impl<P> RecvTable<P> {
     ) -> BundleVerdict {
         let key = (local, remote);
         if !self.sessions.contains_key(&key) {
-            if b.seq != 0 {
-                self.retired.resets_sent += 1;
-                return BundleVerdict::Reset;
+            match self.create(key, b.session, b.seq, true, now) {
+                Ok(()) => {}
+                Err(Verdict::Reset) => return BundleVerdict::Reset,
+                Err(_) => return BundleVerdict::Drop,
             }
-            if !self.make_room(now) {
-                return BundleVerdict::Drop;
-            }
-            self.sessions.insert(
-                key,
-                RecvSession::new(b.session, self.cfg.backpressure_wait, now),
-            );
         }
         self.with(key, |s, abandoned| s.on_bundle(b, now, abandoned))
             .unwrap_or(BundleVerdict::Drop)
@@ -624,13 +606,32 @@ impl<P> RecvTable<P> {
         self.with((local, remote), |s, _| s.entry_accepted(now));
     }
 
-    /// True if a new state fits, after evicting an expired one if need be (counted if not).
-    fn make_room(&mut self, now: Instant) -> bool {
+    /// Creates the state of a pair that has none, for a frame of `session` at `seq` (`starts`:
+    /// it can begin a message): only a frame 0 that can begin a message takes a slot, after an
+    /// expired state is evicted if the table is full. Otherwise what to answer (counted).
+    fn create(
+        &mut self,
+        key: SessionKey,
+        session: u32,
+        seq: u32,
+        starts: bool,
+        now: Instant,
+    ) -> Result<(), Verdict> {
+        if seq != 0 {
+            self.retired.resets_sent += 1;
+            return Err(Verdict::Reset);
+        }
+        if !starts {
+            self.retired.invalid += 1;
+            return Err(Verdict::Drop);
+        }
         if self.sessions.len() >= self.cfg.max_recv_sessions && !self.evict_one(now) {
             self.retired.table_full += 1;
-            return false;
+            return Err(Verdict::Drop);
         }
-        true
+        let state = RecvSession::new(session, self.cfg.backpressure_wait, now);
+        self.sessions.insert(key, state);
+        Ok(())
     }
 
     /// See [`RecvSession::placement_mut`].
