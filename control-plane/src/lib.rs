@@ -85,6 +85,7 @@ pub use admission::failure_reason_for_layout;
 pub use error::ControlError;
 pub use lifecycle::{ChannelState, LifecycleEvent, TransitionError};
 pub use policy::{GuestPolicy, PolicyError};
+pub use rate_limit::TokenBucket;
 pub use records::{
     ChannelRecord, ChannelTeardown, CreateRequest, FailedRequest, GuestId, GuestInfo,
 };

@@ -1,13 +1,14 @@
-//! A token bucket: how the control plane limits the rate of a guest's create requests.
+//! A token bucket: how the control plane limits the rate of a guest's create requests (and the
+//! engine the answers it sends to frames from the wire).
 //!
 //! The bucket holds at most `burst` tokens and gains one every `1 / per_sec` seconds; a request
 //! takes one or is refused. Time comes from the caller, so that tests can drive it.
 
 use std::time::{Duration, Instant};
 
-/// One guest's create-request budget.
+/// A budget of `burst` tokens, refilled at `per_sec` tokens per second.
 #[derive(Debug)]
-pub(crate) struct TokenBucket {
+pub struct TokenBucket {
     tokens: u32,
     /// The time up to which tokens have been added (the fraction of a token earned since is
     /// kept by not moving it past that point).
@@ -16,7 +17,7 @@ pub(crate) struct TokenBucket {
 
 impl TokenBucket {
     /// A full bucket of `burst` tokens.
-    pub(crate) fn full(burst: u32, now: Instant) -> Self {
+    pub fn full(burst: u32, now: Instant) -> Self {
         TokenBucket {
             tokens: burst,
             refilled: now,
@@ -25,7 +26,7 @@ impl TokenBucket {
 
     /// Adds the tokens earned since the last refill (up to `burst`) and takes one. False if
     /// there was none.
-    pub(crate) fn try_take(&mut self, burst: u32, per_sec: u32, now: Instant) -> bool {
+    pub fn try_take(&mut self, burst: u32, per_sec: u32, now: Instant) -> bool {
         let per_token = Duration::from_secs(1) / per_sec.max(1);
         let elapsed = now.saturating_duration_since(self.refilled);
         let earned = elapsed.as_nanos() / per_token.as_nanos().max(1);

@@ -30,7 +30,7 @@ use svnic_channels::frame::{
 };
 use svnic_channels::message::FLAG_WANT_COMPLETION;
 use svnic_channels::{ChannelAddr, ChannelId, CompletionStatus, MacAddr, RawMessage};
-use svnic_control_plane::RoutingSnapshot;
+use svnic_control_plane::{RoutingSnapshot, TokenBucket};
 
 use super::channel::{completion, EngineChannel};
 use super::counters::{bump, TxTally};
@@ -179,28 +179,6 @@ pub(crate) trait ServedChannels {
     fn served(&self, id: ChannelId) -> Option<&EngineChannel>;
 }
 
-/// The stateless answers' budget: `STATELESS_PER_SEC` per second, refilled each second.
-struct AnswerBudget {
-    left: u32,
-    since: Instant,
-}
-
-impl AnswerBudget {
-    fn take(&mut self, now: Instant) -> bool {
-        if now.saturating_duration_since(self.since) >= Duration::from_secs(1) {
-            self.since = now;
-            self.left = STATELESS_PER_SEC;
-        }
-        match self.left.checked_sub(1) {
-            Some(l) => {
-                self.left = l;
-                true
-            }
-            None => false,
-        }
-    }
-}
-
 /// The uplink side of one worker.
 pub(crate) struct WireSide {
     /// The worker's index.
@@ -219,7 +197,8 @@ pub(crate) struct WireSide {
     local_addrs: HashMap<ChannelId, ChannelAddr>,
     /// Acks and answers to send: (from, to, session, what).
     acks: Vec<(ChannelAddr, ChannelAddr, u32, AckKind)>,
-    budget: AnswerBudget,
+    /// The stateless answers' budget: `STATELESS_PER_SEC` per second.
+    budget: TokenBucket,
     frame: Vec<u8>,
     payload: Vec<u8>,
     faulted: Vec<Vec<u8>>,
@@ -256,10 +235,7 @@ impl WireSide {
             raw_completions: Vec::new(),
             local_addrs: HashMap::new(),
             acks: Vec::new(),
-            budget: AnswerBudget {
-                left: STATELESS_PER_SEC,
-                since: now,
-            },
+            budget: TokenBucket::full(STATELESS_PER_SEC, now),
             frame: Vec::with_capacity(2048),
             payload: Vec::with_capacity(2048),
             faulted: Vec::new(),
@@ -663,7 +639,7 @@ struct Receiver<'a> {
     completions: &'a mut Vec<Completed<Outbound>>,
     local_addrs: &'a mut HashMap<ChannelId, ChannelAddr>,
     acks: &'a mut Vec<(ChannelAddr, ChannelAddr, u32, AckKind)>,
-    budget: &'a mut AnswerBudget,
+    budget: &'a mut TokenBucket,
     routes: &'a RoutingSnapshot<Arc<EngineChannel>>,
     now: Instant,
 }
@@ -713,7 +689,10 @@ impl<'a> Receiver<'a> {
     }
 
     fn answer(&mut self, from: ChannelAddr, to: ChannelAddr, session: u32, kind: AckKind) {
-        if self.budget.take(self.now) {
+        if self
+            .budget
+            .try_take(STATELESS_PER_SEC, STATELESS_PER_SEC, self.now)
+        {
             self.acks.push((from, to, session, kind));
         } else {
             bump(&self.counters.answers_limited, 1);

@@ -589,12 +589,7 @@ impl<T> SendSession<T> {
         if seq_lt(self.nxt, ack) {
             self.nxt = ack;
         }
-        self.dupacks = 0;
-        self.fast_retransmitted = false;
-        self.probing = false;
-        self.probe_sent = None;
-        self.paused_until = None;
-        self.pause = FIRST_PAUSE;
+        self.end_recovery();
         while let Some(m) = self.queue.front() {
             if !seq_le(m.end(), ack) {
                 break;
@@ -700,6 +695,12 @@ impl<T> SendSession<T> {
         }
         self.timing = None;
         self.rto_deadline = None;
+        self.end_recovery();
+    }
+
+    /// Forgets the duplicate acks counted and any pause or probing: the receiver took frames,
+    /// or the numbering starts over.
+    fn end_recovery(&mut self) {
         self.dupacks = 0;
         self.fast_retransmitted = false;
         self.paused_until = None;
