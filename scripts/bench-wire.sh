@@ -180,8 +180,9 @@ echo "| round trip p50 (us), 32 B | $rt_s | $rt_u (UDP) | $(python3 -c "print(ro
 ra_s=$(m svnic_rate); ra_u=$(m udp_rate)
 echo "| 64 B messages/s | $ra_s | $ra_u (UDP) | $(python3 -c "print(round($ra_s/$ra_u,2))" 2>/dev/null || echo -) x |"
 b64=$(m "dma 65536"); b1m=$(m "dma 1048576"); bu=$(m udp_bw)
-echo "| bandwidth (MB/s), 64 KiB | $(python3 -c "print(round($b64/1e6,1))") | $(python3 -c "print(round($bu/1e6,1))") (UDP, 1472 B datagrams) | $(python3 -c "print(round($b64/$bu,2))" 2>/dev/null || echo -) x |"
-echo "| bandwidth (MB/s), 1 MiB | $(python3 -c "print(round($b1m/1e6,1))") | - | - |"
+mb() { python3 -c "print(round($1/1e6,1))" 2>/dev/null || echo FAIL; }
+echo "| bandwidth (MB/s), 64 KiB | $(mb "$b64") | $(mb "$bu") (UDP, 1472 B datagrams) | $(python3 -c "print(round($b64/$bu,2))" 2>/dev/null || echo -) x |"
+echo "| bandwidth (MB/s), 1 MiB | $(mb "$b1m") | - | - |"
 echo "| fi_pingpong 64 B (us/xfer) | $(m 'fi svnic dgram 64 7') | udp $(m 'fi udp dgram 64 7'), tcp $(m 'fi tcp msg 64 7') | |"
 echo "| fi_pingpong 64 KiB (MB/s) | $(m 'fi svnic dgram 65536 6') | tcp $(m 'fi tcp msg 65536 6') | |"
 echo

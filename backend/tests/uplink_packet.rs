@@ -171,18 +171,26 @@ fn a_fanout_group_steers_every_endpoint_to_its_worker() {
         let mut group: Vec<PacketSocket> = (0..n)
             .map(|_| open(&h.a, A_IF, PacketConfig::default()))
             .collect();
-        for s in &group {
-            s.join_fanout(100 + workers, workers).unwrap();
+        // Member 0 makes a group of its own (an id no one else in the namespace uses), the
+        // others join it in order.
+        let id = group[0].create_fanout(workers).unwrap();
+        for s in &group[1..] {
+            s.join_fanout(id, workers).unwrap();
         }
+        // A second group made the same way gets another id.
+        let other = open(&h.a, A_IF, PacketConfig::default());
+        assert_ne!(other.create_fanout(1).unwrap(), id);
+        drop(other);
         let endpoints = [0, 1, 2, 3, 4, 5, 7, 1 << 31, u32::MAX, 12_345];
         let mut frames = Vec::new();
         for round in 0..20u32 {
             for (i, &e) in endpoints.iter().enumerate() {
-                let kind = if (round + i as u32) % 2 == 0 { 3 } else { 6 };
+                // Data, ack and bundle frames all go by endpoint.
+                let kind = [3, 6, 7][(round as usize + i) % 3];
                 frames.push(svnic(kind, e, round * 100 + i as u32, 90));
             }
         }
-        // Frames that are not svnic data or acks go by destination MAC.
+        // Frames that are not svnic data, acks or bundles go by destination MAC.
         let others: Vec<Vec<u8>> = (0..12u8)
             .map(|i| eth(mac_in(0xe8, i), test_mac(1), 0x0800, &payload(i, 46)))
             .collect();

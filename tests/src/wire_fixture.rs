@@ -125,10 +125,8 @@ impl WireHosts {
             NetNs::unique(&format!("{tag}-a")).map_err(no_ns)?,
             NetNs::unique(&format!("{tag}-b")).map_err(no_ns)?,
         );
+        // Both ends come up with the pair.
         veth_pair(&a, UPLINK, &b, UPLINK).map_err(no_ns)?;
-        for ns in [&a, &b] {
-            ns.set_up(UPLINK).map_err(no_ns)?;
-        }
         let bin = svnic_binary().map_err(WireSetupError::Failed)?;
         let host = |i: usize, ns: NetNs| -> Result<WireHost, WireSetupError> {
             let dir = ScratchDir::new(&format!("{tag}-{i}"))

@@ -586,9 +586,8 @@ impl DaemonConfig {
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_ADMIN_SOCKET)),
             admin_socket_mode: DEFAULT_SOCKET_MODE,
             admin_allow_uids: Vec::new(),
-            uplink: None,
+            uplink: uplink::from_file(parsed.uplink)?,
         };
-        config.uplink = uplink::from_file(parsed.uplink)?;
         if config.uplink.is_some() {
             uplink::check_placement(config.engine.placement)?;
         }

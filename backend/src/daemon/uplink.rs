@@ -33,7 +33,7 @@ pub(super) fn attach(
     for i in 0..workers {
         sockets.push(open(&format!("worker {i}'s socket"))?);
     }
-    join_group(&sockets, n)?;
+    join_group(&mut sockets, n)?;
     let mtu = sockets.first().map_or(1500, |s| s.mtu());
     let reliable = reliable_config(cfg, engine, mtu)?;
     let fault = (!cfg.fault.is_off()).then_some(FaultInjection {
@@ -54,7 +54,15 @@ pub(super) fn attach(
         })
         .collect();
     engine.attach_uplink(setups)?;
-    let out = open("the switch's socket")?;
+    // Send-only: its RX ring is never read, so it gets the smallest.
+    let out = PacketSocket::open(
+        &cfg.iface,
+        &PacketConfig {
+            rx_frames: 1,
+            ..PacketConfig::default()
+        },
+    )
+    .map_err(|e| EngineError::Uplink(format!("the switch's socket: {e}")))?;
     out.send_only()
         .map_err(|e| EngineError::Uplink(format!("the switch's socket: {e}")))?;
     switch.set_uplink(Some(Arc::new(SwitchUplink(Mutex::new(out)))));
@@ -73,34 +81,30 @@ pub(super) fn attach(
     Ok(())
 }
 
-/// Joins every socket to one fanout group, in order. Group ids are per network namespace and
-/// shared with every other program in it: an id another program holds is refused, and the next
-/// one is tried.
-fn join_group(sockets: &[PacketSocket], n: u16) -> Result<(), EngineError> {
-    let base = (std::process::id() & 0xffff) as u16;
-    let mut last = None;
-    for attempt in 0..16u16 {
-        let group = base.wrapping_add(attempt.wrapping_mul(7919));
-        let Some(first) = sockets.first() else {
-            return Ok(());
-        };
-        match first.join_fanout(group, n) {
-            Ok(()) => {
-                for (i, s) in sockets.iter().enumerate().skip(1) {
-                    s.join_fanout(group, n).map_err(|e| {
-                        EngineError::Uplink(format!("worker {i} joining fanout group {group}: {e}"))
-                    })?;
-                }
-                debug!("uplink: fanout group {group}");
-                return Ok(());
-            }
-            Err(e) => last = Some(e),
-        }
+/// Joins every socket to one fanout group of their own, in order (worker `i` is member `i`),
+/// then empties their RX rings: until the last one joined, frames went to every socket (before
+/// it joined, or to the members present so far), not to the worker that serves them.
+fn join_group(sockets: &mut [PacketSocket], n: u16) -> Result<(), EngineError> {
+    let Some((first, rest)) = sockets.split_first() else {
+        return Ok(());
+    };
+    let group = first
+        .create_fanout(n)
+        .map_err(|e| EngineError::Uplink(format!("worker 0 creating its fanout group: {e}")))?;
+    for (i, s) in rest.iter().enumerate() {
+        s.join_fanout(group, n).map_err(|e| {
+            EngineError::Uplink(format!(
+                "worker {} joining fanout group {group}: {e}",
+                i + 1
+            ))
+        })?;
     }
-    Err(EngineError::Uplink(format!(
-        "no free fanout group: {}",
-        last.map_or_else(String::new, |e| e.to_string())
-    )))
+    let stale: usize = sockets
+        .iter_mut()
+        .map(|s| s.receive(usize::MAX, |_| {}))
+        .sum();
+    debug!("uplink: fanout group {group}; {stale} frame(s) from before it was complete dropped");
+    Ok(())
 }
 
 /// The protocol's parameters for this uplink: fragments fit its MTU, the peer timeout is the
@@ -143,11 +147,14 @@ struct SwitchUplink(Mutex<PacketSocket>);
 impl Uplink for SwitchUplink {
     fn transmit(&self, _from: PortId, frame: &[u8]) -> bool {
         let mut socket = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let queued = socket.queue(frame).is_ok();
-        if let Err(e) = socket.flush() {
-            debug!("uplink: switch frame not sent: {e}");
+        if let Err(e) = socket.queue(frame) {
+            svnic_control_plane::log_limited!(log::Level::Debug, "uplink: switch frame: {e}");
             return false;
         }
-        queued
+        // A frame the kernel did not take now stays queued and goes with a later flush.
+        if let Err(e) = socket.flush() {
+            svnic_control_plane::log_limited!(log::Level::Debug, "uplink: switch flush: {e}");
+        }
+        true
     }
 }

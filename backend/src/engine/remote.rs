@@ -243,7 +243,7 @@ impl Placement {
                 return Err(broken(dest, rx, FaultReason::RxIndex, e));
             }
         }
-        match found {
+        let placement = match found {
             Ok(buf) => {
                 rx.post_reserved = true;
                 Ok(Placement {
@@ -254,9 +254,14 @@ impl Placement {
                     reserved: true,
                 })
             }
-            Err(Outcome::DestinationBroken(reason, e)) => Err(broken(dest, rx, reason, e)),
+            Err(Outcome::DestinationBroken(reason, e)) => return Err(broken(dest, rx, reason, e)),
             Err(outcome) => Err(outcome),
+        };
+        drop(rx);
+        if wrote {
+            dest.wake_if_sleeping(&mem);
         }
+        placement
     }
 
     /// Bytes placed so far.

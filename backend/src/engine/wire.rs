@@ -17,7 +17,9 @@
 //! A message for a remote destination leaves its sender's TX ring when its session takes it
 //! ([`WireSide::offer`]); its completion follows when the peer acknowledged it (or when it
 //! failed). While the session is full the message waits at the head of the TX ring, without a
-//! deadline: the session's peer timeout bounds how long its messages can stay unanswered.
+//! deadline: the session's peer timeout bounds how long its messages can stay unanswered. While
+//! the table has no slot for a new session (every one holds other channels' messages) it waits
+//! like a message for a full local destination, up to the backpressure wait.
 
 use std::collections::HashMap;
 use std::os::fd::RawFd;
@@ -37,7 +39,7 @@ use super::counters::{bump, TxTally};
 use super::deliver::{Outcome, Tx};
 use super::remote::{Incoming, Outbound, Placement};
 use crate::counter_set::counter_set;
-use crate::uplink::packet::PacketSocket;
+use crate::uplink::packet::{PacketError, PacketSocket};
 use crate::uplink::reliable::{
     Blocked, BundleHeader, BundleVerdict, Completed, DataHeader, FaultInjection, FaultInjector,
     FrameOut, RecvTable, Refused, ReliableConfig, SendTable, Verdict,
@@ -206,6 +208,8 @@ pub(crate) struct WireSide {
     next_publish: Instant,
     /// Idle passes since the clock was last read.
     idle: u32,
+    /// The last flush found the interface down or gone.
+    link_down: bool,
 }
 
 impl WireSide {
@@ -242,6 +246,7 @@ impl WireSide {
             next_expire: now + EXPIRE_EVERY,
             next_publish: now,
             idle: 0,
+            link_down: false,
         })
     }
 
@@ -269,7 +274,10 @@ impl WireSide {
             .offer(src.id, peer, msg, len, entry, Instant::now())
         {
             Ok(()) => Outcome::Forwarded,
-            Err(Refused::Full(_) | Refused::TableFull(_)) => Outcome::Held,
+            Err(Refused::Full(_)) => Outcome::Held,
+            // Every session slot holds other channels' messages: wait like for room at a
+            // local destination, up to the backpressure wait, not for ever.
+            Err(Refused::TableFull(_)) => Outcome::Blocked(CompletionStatus::UplinkError),
             Err(Refused::TooLarge(_)) => Outcome::Failed(CompletionStatus::UplinkError),
         }
     }
@@ -290,10 +298,8 @@ impl WireSide {
         routes: &RoutingSnapshot<Arc<EngineChannel>>,
         served: &dyn ServedChannels,
     ) -> u64 {
-        let idle = !self.socket.has_frames()
-            && self.completions.is_empty()
-            && !self.busy()
-            && self.send.next_deadline().is_none();
+        // (Completions never carry over: every pass posts those it made.)
+        let idle = !self.socket.has_frames() && !self.busy() && self.send.next_deadline().is_none();
         if idle {
             self.idle = self.idle.wrapping_add(1);
             if self.idle != 1 && self.idle % IDLE_CLOCK_EVERY != 0 {
@@ -328,9 +334,19 @@ impl WireSide {
         self.send.next_deadline()
     }
 
-    /// True if frames wait to be sent (the worker must not sleep).
+    /// True if frames wait to be sent (the worker must not sleep). Not while the interface
+    /// is down or gone: the worker then sleeps between its timers and tries again after them.
     pub fn busy(&self) -> bool {
-        self.send.can_transmit() || !self.acks.is_empty() || self.socket.tx_pending() > 0
+        !self.link_down
+            && (self.send.can_transmit() || !self.acks.is_empty() || self.socket.tx_pending() > 0)
+    }
+
+    /// Takes the error a poll reported on the socket (POLLERR), which would otherwise make
+    /// every poll return at once: logged, at a bounded rate.
+    pub fn take_error(&self) {
+        if let Err(e) = self.socket.take_error() {
+            svnic_control_plane::log_limited!(log::Level::Warn, "uplink: {e}");
+        }
     }
 
     /// Copies the protocol tables' counters out for the operator (also done every
@@ -364,33 +380,20 @@ impl WireSide {
     }
 
     fn receive(&mut self, routes: &RoutingSnapshot<Arc<EngineChannel>>, now: Instant) -> u64 {
-        let WireSide {
-            index,
-            socket,
-            ports,
-            send,
-            recv,
-            counters,
-            completions,
-            local_addrs,
-            acks,
-            budget,
-            ..
-        } = self;
         let mut rx = Receiver {
-            index: *index,
-            ports: ports.as_ref(),
-            send,
-            recv,
-            counters,
-            completions,
-            local_addrs,
-            acks,
-            budget,
+            index: self.index,
+            ports: self.ports.as_ref(),
+            send: &mut self.send,
+            recv: &mut self.recv,
+            counters: &self.counters,
+            completions: &mut self.completions,
+            local_addrs: &mut self.local_addrs,
+            acks: &mut self.acks,
+            budget: &mut self.budget,
             routes,
             now,
         };
-        let n = socket.receive(RX_BATCH, |frame| rx.frame(frame));
+        let n = self.socket.receive(RX_BATCH, |frame| rx.frame(frame));
         bump(&self.counters.rx_frames, n as u64);
         // Acks for what this batch placed: one per receiving state.
         let (recv, local_addrs, acks) = (&mut self.recv, &self.local_addrs, &mut self.acks);
@@ -559,8 +562,13 @@ impl WireSide {
                 }
             }
         }
-        if let Err(e) = self.socket.flush() {
-            log::debug!("uplink: flush: {e}");
+        let flushed = self.socket.flush();
+        self.link_down = matches!(
+            flushed,
+            Err(PacketError::InterfaceDown { .. } | PacketError::InterfaceGone { .. })
+        );
+        if let Err(e) = flushed {
+            svnic_control_plane::log_limited!(log::Level::Debug, "uplink: flush: {e}");
         }
         sent
     }

@@ -377,6 +377,11 @@ impl Worker {
         if r > 0 && pfd[0].revents != 0 && self.doorbell.read().is_ok() {
             self.counters.doorbells.fetch_add(1, Relaxed);
         }
+        if r > 0 && pfd[1].revents & libc::POLLERR != 0 {
+            if let Some(w) = &self.wire {
+                w.take_error();
+            }
+        }
     }
 
     /// One pass over served channel `i`: flush its completion backlog, then take up to
@@ -533,10 +538,11 @@ impl Worker {
                     }
                     // Not a local guest's MAC: its session on the uplink takes it.
                     None if wire.as_ref().is_some_and(|w| !w.is_local(peer.mac)) => {
-                        match wire.as_mut() {
-                            Some(w) => (w.offer(src, &msg, peer), peer),
-                            None => (Outcome::Failed(CompletionStatus::NoRoute), peer),
-                        }
+                        let outcome = wire.as_mut().map(|w| w.offer(src, &msg, peer));
+                        (
+                            outcome.unwrap_or(Outcome::Failed(CompletionStatus::NoRoute)),
+                            peer,
+                        )
                     }
                     // A message that was waiting for room at a destination since destroyed.
                     None if held_since.is_some() => {

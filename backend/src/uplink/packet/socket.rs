@@ -219,15 +219,31 @@ impl PacketSocket {
     /// the program every frame goes to member 0. All members must be bound to the same
     /// interface. Closing a member moves the last member into its index: a group that lost
     /// a member is rebuilt (every socket closed and reopened) rather than patched. Group ids
-    /// are shared by every process of the network namespace: joining another program's group
-    /// of a different kind fails (EINVAL), so pick an id no one else uses.
+    /// are shared by every process of the network namespace, and joining a group of the same
+    /// kind that another program made succeeds: make member 0's group with
+    /// [`PacketSocket::create_fanout`].
     pub fn join_fanout(&self, group_id: u16, workers: u16) -> Result<(), PacketError> {
+        self.fanout(group_id, 0, workers)?;
+        Ok(())
+    }
+
+    /// Creates a fanout group of its own with this socket as member 0, under an id the kernel
+    /// picks among those no one in the network namespace uses (so no other program can be
+    /// in it by chance), and returns that id for the other members' [`PacketSocket::join_fanout`].
+    pub fn create_fanout(&self, workers: u16) -> Result<u16, PacketError> {
+        self.fanout(0, libc::PACKET_FANOUT_FLAG_UNIQUEID, workers)
+    }
+
+    /// Joins (or with UNIQUEID in `flags`, creates) fanout group `group_id` and sets its
+    /// steering program; returns the group's id.
+    fn fanout(&self, group_id: u16, flags: u32, workers: u16) -> Result<u16, PacketError> {
         if workers == 0 {
             return Err(PacketError::NoWorkers);
         }
         // The group's own hook must also ignore outgoing frames: the socket's
         // PACKET_IGNORE_OUTGOING does not apply once it receives through the group.
-        let type_flags = libc::PACKET_FANOUT_CBPF | libc::PACKET_FANOUT_FLAG_IGNORE_OUTGOING;
+        let type_flags =
+            libc::PACKET_FANOUT_CBPF | libc::PACKET_FANOUT_FLAG_IGNORE_OUTGOING | flags;
         let arg = (u32::from(group_id) | (type_flags << 16)) as libc::c_int;
         let os = |op: &'static str| {
             move |source: io::Error| PacketError::Os {
@@ -238,6 +254,7 @@ impl PacketSocket {
         };
         sys::set_option(&self.fd, libc::SOL_PACKET, libc::PACKET_FANOUT, &arg)
             .map_err(os("PACKET_FANOUT"))?;
+        let group_id = sys::fanout_group(self.fd.as_raw_fd()).map_err(os("PACKET_FANOUT"))?;
         let mut program = steering_program(workers);
         let fprog = libc::sock_fprog {
             len: program.len() as libc::c_ushort,
@@ -251,7 +268,7 @@ impl PacketSocket {
             "uplink {}: joined fanout group {group_id} ({workers} workers)",
             self.iface
         );
-        Ok(())
+        Ok(group_id)
     }
 
     /// True if the kernel has handed a frame to the RX ring that [`PacketSocket::receive`] has

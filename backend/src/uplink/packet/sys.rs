@@ -39,6 +39,12 @@ pub(super) fn set_option<T>(
     Ok(())
 }
 
+/// The id of the fanout group `fd` belongs to (PACKET_FANOUT reads back id | type << 16).
+pub(super) fn fanout_group(fd: RawFd) -> io::Result<u16> {
+    let v: libc::c_int = get_option(fd, libc::SOL_PACKET, libc::PACKET_FANOUT)?;
+    Ok((v & 0xffff) as u16)
+}
+
 /// Reads socket option `name` at `level`, whose C type is the plain-data `T` (an int,
 /// `tpacket_stats`): every bit pattern of `T` must be a valid value.
 fn get_option<T: Copy>(fd: RawFd, level: libc::c_int, name: libc::c_int) -> io::Result<T> {

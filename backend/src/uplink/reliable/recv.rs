@@ -120,6 +120,8 @@ struct InProgress<P> {
     cookie: u64,
     received: u32,
     placement: Option<P>,
+    /// When its first frame was taken.
+    started: Instant,
 }
 
 impl<P> InProgress<P> {
@@ -400,6 +402,7 @@ impl<P> RecvSession<P> {
                 cookie: h.cookie,
                 received: 0,
                 placement,
+                started: now,
             },
         };
         let mut m = m;
@@ -737,11 +740,24 @@ impl<P> RecvTable<P> {
             .collect()
     }
 
-    /// Drops every state without progress for the state lifetime; partial messages among them
-    /// go to [`RecvTable::take_abandoned`].
+    /// Drops every state without progress for the state lifetime, and gives up every message
+    /// still partial half a state lifetime after its first frame (a sender that trickles
+    /// fragments would otherwise hold the destination's posted buffer for as long as it
+    /// likes; a sender that keeps up finishes within its peer timeout or its receiver's
+    /// backpressure wait, both at most half the lifetime). Their placements go to
+    /// [`RecvTable::take_abandoned`].
     pub fn expire(&mut self, now: Instant) {
         for k in self.keys_where(|_, s| self.expired(s, now)) {
             self.drop_state(k);
+        }
+        let longest = self.cfg.state_lifetime / 2;
+        let (scratch, abandoned) = (&mut self.scratch, &mut self.abandoned);
+        for (key, s) in &mut self.sessions {
+            let m = s.msg.as_ref();
+            if m.is_some_and(|m| now.saturating_duration_since(m.started) >= longest) {
+                s.give_up_message(scratch);
+                abandoned.extend(scratch.drain(..).map(|p| (key.0, p)));
+            }
         }
     }
 

@@ -1452,3 +1452,35 @@ fn a_blocked_ack_that_also_makes_progress_pauses_the_sender() {
     let s = sim.sender.counters();
     assert!(s.pauses > 0 && s.timeouts == 0, "{s:?}");
 }
+
+#[test]
+fn a_message_trickled_in_is_given_up_half_a_lifetime_after_its_first_frame() {
+    let t = Instant::now();
+    let cfg = ReliableConfig::default();
+    let mut r: RecvTable<u32> = RecvTable::new(cfg);
+    // A 1 MiB message whose sender sends one small fragment every 2 s: each is progress, so
+    // the state lives on, but the message (and the posted buffer it holds) may not.
+    expect_process(&mut r, &header(1, 0, 10, 1 << 20, 0, 10), t, true, false);
+    assert_eq!(r.accepted(B_CH, A_ADDR, Some(99), t), None);
+    let longest = cfg.state_lifetime / 2;
+    let mut k = 1u32;
+    loop {
+        let at = t + Duration::from_secs(2 * u64::from(k));
+        r.expire(at);
+        if at.duration_since(t) >= longest {
+            break;
+        }
+        assert_eq!(r.take_abandoned().count(), 0, "given up too early, at {k}");
+        let h = header(1, k, 10, 1 << 20, 10 * k, 10);
+        expect_process(&mut r, &h, at, false, false);
+        assert_eq!(r.accepted(B_CH, A_ADDR, None, at), None);
+        k += 1;
+    }
+    // Its placement is back, the state stays, and the next fragment no longer continues it.
+    assert_eq!(r.take_abandoned().collect::<Vec<_>>(), vec![(B_CH, 99)]);
+    assert_eq!(r.len(), 1);
+    let next = header(1, k, 10, 1 << 20, 10 * k, 10);
+    let at = t + Duration::from_secs(2 * u64::from(k));
+    assert_eq!(r.on_frame(B_CH, A_ADDR, &next, at), Verdict::Drop);
+    assert_eq!(r.counters().abandoned, 1);
+}
