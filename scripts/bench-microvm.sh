@@ -76,6 +76,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Exits with $1 and the end of log $2.
+fail_with_log() {
+    echo "$1; the end of $2:" >&2
+    tail -n 20 "$2" >&2 || true
+    exit 1
+}
+
 if [ "$build" = 1 ]; then
     cargo build --release -p svnic -p svnic-microvm
 fi
@@ -92,10 +99,12 @@ taskset -c 0 "$svnic" serve --pin-workers --admin-socket "$work/admin.sock" \
     --guest "name=vm,socket=$work/vm.sock,mac=$vm_mac" \
     --guest "name=echo,socket=$work/echo.sock,mac=$echo_mac" >"$work/serve.log" 2>&1 &
 pids+=($!)
+sockets_up() { [ -S "$work/vm.sock" ] && [ -S "$work/echo.sock" ]; }
 for _ in $(seq 100); do
-    [ -S "$work/vm.sock" ] && [ -S "$work/echo.sock" ] && break
+    sockets_up && break
     sleep 0.05
 done
+sockets_up || fail_with_log "svnic serve did not open its guest sockets within 5 s" "$work/serve.log"
 
 if [ "$peer" = echo ]; then
     # The echo answers every round trip of the micro-VM's three rows and the host-process row.
@@ -108,10 +117,12 @@ if [ "$peer" = echo ]; then
     "${echo_cmd[@]}" echo --socket "$work/echo.sock" --endpoint "$echo_ep" \
         --count "$echo_count" --timeout-secs 60 --yields "$echo_yields" >"$work/echo.log" 2>&1 &
     pids+=($!)
+    echo_up() { grep -q ready "$work/echo.log" 2>/dev/null; }
     for _ in $(seq 100); do
-        grep -q ready "$work/echo.log" 2>/dev/null && break
+        echo_up && break
         sleep 0.05
     done
+    echo_up || fail_with_log "the echo was not ready within 5 s" "$work/echo.log"
     to=$echo_mac/$echo_ep
     where="echo CPU $echo_cpu, yielding $echo_yields polls before sleeping"
 else

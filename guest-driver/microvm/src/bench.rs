@@ -25,7 +25,7 @@ use crate::error::MicroVmError;
 use crate::launcher::{run_bypass, BypassConfig};
 use crate::path::DataPath;
 use crate::program::Payload;
-use crate::stats::ExitCounts;
+use crate::stats::{ExitCounts, PerMessage};
 
 /// What one measurement of a round is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,21 +67,16 @@ pub struct Sample {
     pub rtt_ns: Vec<f64>,
     /// Round trips per second (their number over the sum of their times).
     pub rate: f64,
-    /// The micro-VM's exits over the run (not for host subjects).
+    /// The micro-VM's exits over the run, from KVM's counters (not for host subjects, nor
+    /// without binary statistics).
     pub exits: Option<ExitCounts>,
-    /// Messages.
-    pub count: u64,
+    /// The doorbells the micro-VM's program rang over the run (not for host subjects).
+    pub doorbells: Option<u64>,
 }
 
 impl Sample {
-    /// A sample of round trips of `ticks` TSC ticks each.
-    pub fn new(
-        subject: Subject,
-        mut ticks: Vec<u64>,
-        ticks_per_ns: f64,
-        exits: Option<ExitCounts>,
-        count: u64,
-    ) -> Self {
+    /// A sample of round trips of `ticks` TSC ticks each, with no exit or doorbell counts.
+    pub fn new(subject: Subject, mut ticks: Vec<u64>, ticks_per_ns: f64) -> Self {
         ticks.sort_unstable();
         let rtt_ns: Vec<f64> = ticks.iter().map(|&t| t as f64 / ticks_per_ns).collect();
         let total_s = rtt_ns.iter().sum::<f64>() * 1e-9;
@@ -89,9 +84,21 @@ impl Sample {
             subject,
             rate: rtt_ns.len() as f64 / total_s.max(1e-12),
             rtt_ns,
-            exits,
-            count,
+            exits: None,
+            doorbells: None,
         }
+    }
+
+    /// The round trips (messages) measured.
+    pub fn messages(&self) -> u64 {
+        self.rtt_ns.len() as u64
+    }
+
+    /// The doorbells per message, if counted (0 for no messages).
+    pub fn doorbells_per_message(&self) -> Option<f64> {
+        let n = self.messages();
+        self.doorbells
+            .map(|d| if n == 0 { 0.0 } else { d as f64 / n as f64 })
     }
 
     /// The `q` quantile (0..=1) of the round trips, in nanoseconds.
@@ -125,14 +132,25 @@ pub fn tsc_per_ns(over: Duration) -> f64 {
     (c1.wrapping_sub(c0)) as f64 / ns.max(1.0)
 }
 
-/// Pins the calling thread to `cpu`; false if the kernel refused (fewer CPUs).
+/// Pins the calling thread to `cpu`; false for a CPU beyond what a `cpu_set_t` holds
+/// (`libc::CPU_SETSIZE`), or if the kernel refused (fewer CPUs).
 pub fn pin_to(cpu: usize) -> bool {
-    // SAFETY: an all-zero cpu_set_t is a valid empty set; CPU_SET writes inside it.
+    if !fits_cpu_set(cpu) {
+        return false;
+    }
+    // SAFETY: an all-zero cpu_set_t is a valid empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid cpu_set_t and CPU_SET bounds `cpu` to its size.
+    // SAFETY: `set` is a valid cpu_set_t and `cpu` < CPU_SETSIZE (checked above), the number
+    // of CPUs it holds, so CPU_SET sets a bit inside it (a larger `cpu` would panic).
     unsafe { libc::CPU_SET(cpu, &mut set) };
     // SAFETY: `set` is a valid cpu_set_t of the size given; pid 0 is the calling thread.
     unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0 }
+}
+
+/// Whether `cpu` fits in a `cpu_set_t` (is below `libc::CPU_SETSIZE`), so [`pin_to`] can
+/// name it.
+pub fn fits_cpu_set(cpu: usize) -> bool {
+    usize::try_from(libc::CPU_SETSIZE).is_ok_and(|size| cpu < size)
 }
 
 /// The settings of a benchmark run.
@@ -154,13 +172,15 @@ pub fn host_bypass(cfg: &BypassConfig, ticks_per_ns: f64) -> Result<Sample, Micr
     let mut ch = guest.create_channel(cfg.endpoint, cfg.ring_size, cfg.timeout)?;
     let result = host_round_trips(&mut ch, cfg.peer, cfg.count, cfg.seed, cfg.timeout);
     guest.destroy_channel(ch, cfg.timeout)?;
-    Ok(Sample::new(
-        Subject::HostBypass,
-        result?,
-        ticks_per_ns,
-        None,
-        cfg.count,
-    ))
+    Ok(Sample::new(Subject::HostBypass, result?, ticks_per_ns))
+}
+
+/// An empty vector with room for up to `count` round trips, as far as memory allows (it grows
+/// past that if need be).
+fn ticks_for(count: u64) -> Vec<u64> {
+    let mut ticks = Vec::new();
+    let _ = ticks.try_reserve_exact(usize::try_from(count).unwrap_or(usize::MAX));
+    ticks
 }
 
 fn host_round_trips(
@@ -170,7 +190,7 @@ fn host_round_trips(
     seed: u64,
     timeout: Duration,
 ) -> Result<Vec<u64>, MicroVmError> {
-    let mut ticks = Vec::with_capacity(count as usize);
+    let mut ticks = ticks_for(count);
     let mut batch = Vec::new();
     for i in 0..count {
         let t0 = tsc();
@@ -227,7 +247,7 @@ pub fn floor(count: u64, cpus: (usize, usize), ticks_per_ns: f64) -> Sample {
     };
     let mine = std::thread::spawn(move || {
         pin_to(cpus.0);
-        let mut ticks = Vec::with_capacity(count as usize);
+        let mut ticks = ticks_for(count);
         for i in 0..count {
             let t0 = tsc();
             word.store(2 * i + 1, Ordering::Release);
@@ -240,7 +260,7 @@ pub fn floor(count: u64, cpus: (usize, usize), ticks_per_ns: f64) -> Sample {
     });
     let ticks = mine.join().unwrap_or_default();
     let _ = echo.join();
-    Sample::new(Subject::Floor, ticks, ticks_per_ns, None, count)
+    Sample::new(Subject::Floor, ticks, ticks_per_ns)
 }
 
 /// The micro-VM on `path`: `cfg.count` user-data round trips, timed by the program.
@@ -262,13 +282,12 @@ pub fn vm_round_trips(
             r.result.describe()
         )));
     }
-    Ok(Sample::new(
-        Subject::Vm(path),
-        r.times.clone(),
-        ticks_per_ns,
-        r.exits(),
-        cfg.count,
-    ))
+    let (exits, doorbells) = (r.exits(), r.result.doorbells);
+    Ok(Sample {
+        exits,
+        doorbells: Some(doorbells),
+        ..Sample::new(Subject::Vm(path), r.times, ticks_per_ns)
+    })
 }
 
 /// Runs `cfg.rounds` rounds of every [`Subject`], the order rotating by one each round;
@@ -294,13 +313,18 @@ pub fn run(
     Ok(all)
 }
 
-/// One line per sample: round, subject, median and p99 round trip, rate, exits per message.
+/// One line per sample: round, subject, median and p99 round trip, rate, doorbells and exits
+/// per message.
 pub fn describe(round: u32, s: &Sample) -> String {
+    let bells = s
+        .doorbells_per_message()
+        .map_or(String::new(), |d| format!("; {d:.3} doorbells per message"));
     let exits = s.exits.map_or(String::new(), |e| {
-        format!("; {}", e.describe_per_message(s.count))
+        format!("; exits {}", e.describe_per_message(s.messages()))
     });
     format!(
-        "round {round}: {:<22} median {:>9.0} ns, p99 {:>9.0} ns, {:>9.0} round trips/s{exits}",
+        "round {round}: {:<22} median {:>9.0} ns, p99 {:>9.0} ns, {:>9.0} round trips/s\
+         {bells}{exits}",
         s.subject.name(),
         s.quantile(0.5),
         s.quantile(0.99),
@@ -323,8 +347,9 @@ fn cell((mid, lo, hi): (f64, f64, f64), digits: usize) -> String {
 }
 
 /// The summary table (Markdown): per subject, the median over rounds (and the range) of the
-/// round-trip median and p99 and of the rate, and the micro-VM's exits per message; then the
-/// ratios of the issue's targets, round by round.
+/// round-trip median and p99 and of the rate, and the micro-VM's exits per message (the mean
+/// over rounds: to the VMM, the program's doorbells, host interrupts, emulated instructions);
+/// then the ratios of the issue's targets, round by round.
 pub fn summary(samples: &[Sample]) -> String {
     let mut out = String::from(
         "| subject | RTT median ns | RTT p99 ns | round trips/s | exits per message: user space / \
@@ -338,19 +363,26 @@ pub fn summary(samples: &[Sample]) -> String {
         let med = spread(of(subject).map(|s| s.quantile(0.5)).collect());
         let p99 = spread(of(subject).map(|s| s.quantile(0.99)).collect());
         let rate = spread(of(subject).map(|s| s.rate).collect());
-        let exits: Vec<[f64; 7]> = of(subject)
-            .filter_map(|s| s.exits.map(|e| e.per_message(s.count)))
+        let exits: Vec<(PerMessage, f64)> = of(subject)
+            .filter_map(|s| {
+                Some((
+                    s.exits?.per_message(s.messages()),
+                    s.doorbells_per_message()?,
+                ))
+            })
             .collect();
         let exit_cell = if exits.is_empty() {
             "-".to_string()
         } else {
-            let mean = |k: usize| exits.iter().map(|e| e[k]).sum::<f64>() / exits.len() as f64;
+            let mean = |f: fn(&(PerMessage, f64)) -> f64| {
+                exits.iter().map(f).sum::<f64>() / exits.len() as f64
+            };
             format!(
                 "{:.3} / {:.3} / {:.3} / {:.3}",
-                mean(0),
-                mean(5),
-                mean(2),
-                mean(6)
+                mean(|(e, _)| e.user_space),
+                mean(|&(_, bells)| bells),
+                mean(|(e, _)| e.irq),
+                mean(|(e, _)| e.emulated)
             )
         };
         out.push_str(&format!(
@@ -394,13 +426,49 @@ mod tests {
 
     #[test]
     fn the_summary_has_a_row_per_subject_measured_and_the_target_ratios() {
-        let sample = |subject, ns: u64| Sample::new(subject, vec![2 * ns; 10], 2.0, None, 10);
+        let sample = |subject, ns: u64| Sample::new(subject, vec![2 * ns; 10], 2.0);
+        // Every count different, and none equal to the in-kernel total or its other part, so
+        // that a column reading the wrong count shows.
+        let exits = ExitCounts {
+            user_space: 20,
+            in_kernel: 90,
+            irq: 30,
+            halt: 0,
+            page_faults: 10,
+            other: 50,
+            emulated: 60,
+        };
         let samples = [
             sample(Subject::Vm(DataPath::Bypass), 1000),
-            sample(Subject::Vm(DataPath::Mediated), 20000),
+            Sample {
+                exits: Some(exits),
+                doorbells: Some(40),
+                ..sample(Subject::Vm(DataPath::Mediated), 20000)
+            },
             sample(Subject::HostBypass, 900),
         ];
         let t = summary(&samples);
+        // Per message (10 messages): user space / doorbells / host interrupts / emulated.
+        assert!(
+            t.contains(concat!(
+                "| micro-VM mediated | 20000 (20000-20000) | 20000 (20000-20000) | ",
+                "50000 (50000-50000) | 2.000 / 4.000 / 3.000 / 6.000 |"
+            )),
+            "{t}"
+        );
+        assert!(
+            t.contains(concat!(
+                "| host-process bypass | 900 (900-900) | 900 (900-900) | ",
+                "1111111 (1111111-1111111) | - |"
+            )),
+            "{t}"
+        );
+        let line = describe(1, &samples[1]);
+        assert!(
+            line.contains("; 4.000 doorbells per message; exits per message: 2.000 user-space"),
+            "{line}"
+        );
+        assert!(!describe(1, &samples[2]).contains("per message"));
         // 2 ticks per ns; one round trip per microsecond.
         assert!(
             t.contains("| micro-VM bypass | 1000 (1000-1000) | 1000 (1000-1000) | 1000000 "),

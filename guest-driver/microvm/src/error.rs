@@ -83,6 +83,9 @@ pub enum MicroVmError {
     /// The echo peer saw something it cannot answer, or nothing at all.
     #[error("echo: {0}")]
     Peer(String),
+    /// Micro-VMs that were to start together did not (one failed, or one was late).
+    #[error("start: {0}")]
+    Start(String),
     /// The engine refused or did not answer the channel create.
     #[error("channel create: {0}")]
     Create(String),

@@ -11,8 +11,8 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Barrier};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use log::info;
 use svnic_channels::layout::{header, DEFAULT_REGION_LEN};
@@ -29,7 +29,7 @@ use crate::path::{
 };
 use crate::program::{load_bypass, read_bypass, read_times, BypassArgs, BypassResult, Payload};
 use crate::stats::{ExitCounts, Snapshot, VcpuStats};
-use crate::vcpu::{run_with, RunOutcome};
+use crate::vcpu::{run_until_exit, run_with, RunOutcome};
 use crate::vm::{load, MicroVm, EXIT_GPA};
 
 /// What to run.
@@ -58,9 +58,93 @@ pub struct BypassConfig {
     pub times: u64,
     /// Longest wait for the create answer, and for the program to finish.
     pub timeout: Duration,
-    /// Waited on once the channel exists, before the program starts: micro-VMs that talk to
+    /// Reached once the channel exists, before the program starts: micro-VMs that talk to
     /// each other start together, each once the other's channel can receive.
-    pub start: Option<Arc<Barrier>>,
+    pub start: Option<Arc<StartLine>>,
+}
+
+/// Where micro-VMs that talk to each other wait for one another before their programs start.
+/// A launcher that fails before it gets there, or waits there longer than its timeout, abandons
+/// the line: every launcher waiting there (or arriving later) fails too, rather than waiting
+/// forever or starting without its peer.
+#[derive(Debug)]
+pub struct StartLine {
+    parties: usize,
+    /// Launchers arrived, and whether one abandoned the line.
+    state: Mutex<(usize, bool)>,
+    changed: Condvar,
+}
+
+impl StartLine {
+    /// A line for `parties` launchers.
+    pub fn new(parties: usize) -> Self {
+        StartLine {
+            parties,
+            state: Mutex::new((0, false)),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// Arrives and waits until all `parties` have arrived; an error if one abandoned the line,
+    /// or if they did not all arrive within `timeout` (which abandons it).
+    pub fn arrive(&self, timeout: Duration) -> Result<(), MicroVmError> {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.0 += 1;
+        self.changed.notify_all();
+        loop {
+            let (arrived, abandoned) = *state;
+            if abandoned {
+                return Err(MicroVmError::Start(
+                    "another micro-VM failed before it could start".into(),
+                ));
+            }
+            if arrived >= self.parties {
+                return Ok(());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                state.1 = true;
+                self.changed.notify_all();
+                return Err(MicroVmError::Start(format!(
+                    "{arrived} of {} micro-VMs ready within {timeout:?}",
+                    self.parties
+                )));
+            }
+            state = self
+                .changed
+                .wait_timeout(state, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// Gives up: every launcher waiting at the line, or arriving later, fails.
+    pub fn abandon(&self) {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).1 = true;
+        self.changed.notify_all();
+    }
+}
+
+/// Abandons its [`StartLine`] when dropped before [`StartTicket::arrive`]: on every early
+/// return of the launcher.
+struct StartTicket<'a>(Option<&'a StartLine>);
+
+impl StartTicket<'_> {
+    fn arrive(mut self, timeout: Duration) -> Result<(), MicroVmError> {
+        match self.0.take() {
+            Some(line) => line.arrive(timeout),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for StartTicket<'_> {
+    fn drop(&mut self) {
+        if let Some(line) = self.0 {
+            line.abandon();
+        }
+    }
 }
 
 /// What happened.
@@ -168,22 +252,22 @@ impl BypassReport {
         self.result.result == crate::boot_info::RESULT_OK && self.result.done == self.count
     }
 
-    /// The exits of the whole run by kind (user-space exits as the launcher counted them), if
-    /// the kernel has binary statistics.
+    /// The exits of the whole run by kind, if the kernel has binary statistics.
     pub fn exits(&self) -> Option<ExitCounts> {
-        let s = self.stats.as_ref()?;
-        Some(ExitCounts::from_snapshot(s, Some(self.run.user_exits)))
+        self.stats.as_ref().map(ExitCounts::from_snapshot)
     }
 
     /// The exits over the steady-state window by kind, if one was seen.
     pub fn steady_exits(&self) -> Option<ExitCounts> {
-        let w = self.steady.as_ref()?;
-        Some(ExitCounts::from_snapshot(&w.stats, None))
+        self.steady
+            .as_ref()
+            .map(|w| ExitCounts::from_snapshot(&w.stats))
     }
 }
 
 /// Runs the bypass program once, as described in the module documentation.
 pub fn run_bypass(cfg: &BypassConfig) -> Result<BypassReport, MicroVmError> {
+    let ticket = StartTicket(cfg.start.as_deref());
     let kvm = detect::open()?;
     let guest = HostGuest::connect(&cfg.socket, cfg.memory_size)?;
     let pending = guest.begin_create(cfg.endpoint, cfg.ring_size, DEFAULT_REGION_LEN)?;
@@ -219,23 +303,20 @@ pub fn run_bypass(cfg: &BypassConfig) -> Result<BypassReport, MicroVmError> {
         },
     )?;
     let info = loaded.info;
-    if let Some(start) = &cfg.start {
-        start.wait();
-    }
+    let doorbell = guest.doorbell();
+    let (region, layout, channel_id) = (channel.region(), *channel.layout(), channel.id());
+    let doorbell = &*doorbell;
+    let side = move || EngineSide::new(region, layout, channel_gpa, channel_id, doorbell);
+    let mut mediator = match cfg.path {
+        DataPath::Mediated => Some(Mediator::new(side()?)),
+        DataPath::Bypass | DataPath::Doorbell => None,
+    };
+    ticket.arrive(cfg.timeout)?;
     let stats = VcpuStats::open(vm.vcpu_mut()).ok();
     let before = stats.as_ref().map(VcpuStats::snapshot).transpose()?;
     let memory = Arc::clone(vm.memory());
-    let doorbell = guest.doorbell();
-    let side = EngineSide {
-        memory: &memory,
-        channel_gpa,
-        layout: *channel.layout(),
-        channel_id: channel.id(),
-        doorbell: &*doorbell,
-    };
     let running = AtomicBool::new(true);
     let (memory, running, count, evt) = (&memory, &running, cfg.count, &evt);
-    let mut mediator = (cfg.path == DataPath::Mediated).then(|| Mediator::new(side));
     let (run, steady, relay) = std::thread::scope(|s| {
         let watcher = match (&stats, window_bounds(cfg.count, cfg.ring_size)) {
             (Some(st), Some(bounds)) => {
@@ -243,10 +324,11 @@ pub fn run_bypass(cfg: &BypassConfig) -> Result<BypassReport, MicroVmError> {
             }
             _ => None,
         };
-        let relay = s.spawn(move || relay_doorbells(evt, &side, running));
+        // The relay's own view of the channel: a view of guest memory stays on its thread.
+        let relay = s.spawn(move || relay_doorbells(evt, &side()?, running));
         let run = match mediator.as_mut() {
             Some(m) => run_with(vm.vcpu_mut(), EXIT_GPA, cfg.timeout, &mut |a| m.handle(a)),
-            None => run_with(vm.vcpu_mut(), EXIT_GPA, cfg.timeout, &mut |_| Ok(false)),
+            None => run_until_exit(vm.vcpu_mut(), EXIT_GPA, cfg.timeout),
         };
         running.store(false, Ordering::Release);
         let relay = relay
@@ -269,6 +351,7 @@ pub fn run_bypass(cfg: &BypassConfig) -> Result<BypassReport, MicroVmError> {
     };
     let result = read_bypass(&vm, info)?;
     let times = read_times(&vm, &loaded, result.done)?;
+    let mediator = mediator.map(|m| m.stats());
     guest.destroy_channel(channel, cfg.timeout)?;
     Ok(BypassReport {
         addr,
@@ -280,7 +363,7 @@ pub fn run_bypass(cfg: &BypassConfig) -> Result<BypassReport, MicroVmError> {
         steady,
         path: cfg.path,
         relay,
-        mediator: mediator.map(|m| m.stats()),
+        mediator,
         times,
     })
 }
@@ -307,7 +390,58 @@ fn channel_words(vm: &MicroVm, gpa: u64) -> Result<String, MicroVmError> {
 
 #[cfg(test)]
 mod tests {
-    use super::window_bounds;
+    use super::{window_bounds, StartLine, StartTicket};
+    use crate::error::MicroVmError;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn the_start_line_lets_all_go_together_and_fails_them_all_if_one_gives_up() {
+        let line = Arc::new(StartLine::new(2));
+        let other = {
+            let line = Arc::clone(&line);
+            std::thread::spawn(move || line.arrive(Duration::from_secs(60)))
+        };
+        line.arrive(Duration::from_secs(60)).expect("both arrived");
+        other.join().expect("no panic").expect("both arrived");
+
+        // One launcher fails before it arrives (its ticket dropped on the early return): the
+        // one waiting fails at once instead of waiting for it.
+        let line = Arc::new(StartLine::new(2));
+        let waiting = {
+            let line = Arc::clone(&line);
+            std::thread::spawn(move || {
+                let t0 = Instant::now();
+                (line.arrive(Duration::from_secs(60)), t0.elapsed())
+            })
+        };
+        drop(StartTicket(Some(&*line)));
+        let (result, waited) = waiting.join().expect("no panic");
+        assert!(
+            matches!(&result, Err(MicroVmError::Start(why)) if why.contains("failed")),
+            "{result:?}"
+        );
+        assert!(waited < Duration::from_secs(30), "{waited:?}");
+        // And so does one arriving after that.
+        assert!(line.arrive(Duration::from_secs(60)).is_err());
+    }
+
+    #[test]
+    fn a_start_line_nobody_else_reaches_fails_after_the_timeout() {
+        let line = StartLine::new(2);
+        let e = line
+            .arrive(Duration::from_millis(20))
+            .expect_err("alone at the line");
+        assert!(e.to_string().contains("1 of 2 micro-VMs ready"), "{e}");
+        // The late one fails as well, rather than start without its peer.
+        assert!(line.arrive(Duration::from_secs(60)).is_err());
+        // A ticket that arrived does not abandon the line.
+        let line = StartLine::new(1);
+        StartTicket(Some(&line))
+            .arrive(Duration::from_secs(1))
+            .expect("one of one");
+        line.arrive(Duration::from_secs(1)).expect("not abandoned");
+    }
 
     #[test]
     fn the_steady_window_opens_after_the_first_wrap_and_closes_halfway_through_the_rest() {

@@ -42,6 +42,6 @@ pub mod boot_info {
 
 pub use detect::{detect, detect_all, KvmReport, ModeProbe};
 pub use error::MicroVmError;
-pub use launcher::{run_bypass, BypassConfig, BypassReport, Window};
+pub use launcher::{run_bypass, BypassConfig, BypassReport, StartLine, Window};
 pub use path::DataPath;
 pub use program::Payload;

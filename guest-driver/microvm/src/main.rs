@@ -40,7 +40,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("detect") if args.len() == 1 => cmd_detect(),
-        Some("bypass") => parse(&args[1..], true).and_then(|cfg| cmd_bypass(&cfg)),
+        Some("bypass") => parse(&args[1..], Cmd::Bypass).and_then(|o| cmd_bypass(&o.cfg)),
         Some("echo") => parse_echo(&args[1..]).and_then(|(cfg, wait)| cmd_echo(&cfg, wait)),
         Some("bench") => parse_bench(&args[1..]).and_then(|cfg| cmd_bench(&cfg)),
         _ => Err(USAGE.to_string()),
@@ -152,88 +152,126 @@ fn cmd_bench(cfg: &BenchConfig) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Takes the options named in `names` (each with a value) out of `args`: their values, in the
-/// order of `names` (the last one given wins), and the other arguments.
-fn take_options(
-    args: &[String],
-    names: &[&str],
-) -> Result<(Vec<Option<String>>, Vec<String>), String> {
-    let mut values = vec![None; names.len()];
-    let mut rest = Vec::new();
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        match names.iter().position(|n| n == flag) {
-            Some(k) => {
-                let value = it
-                    .next()
-                    .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
-                values[k] = Some(value.clone());
-            }
-            None => rest.push(flag.clone()),
-        }
-    }
-    Ok((values, rest))
+/// The commands that take options.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cmd {
+    Bypass,
+    Echo,
+    Bench,
 }
 
-/// The options of `bench`: those of `bypass`, and `--rounds` (default 3) and `--floor-cpus`
-/// (default 0,1).
-fn parse_bench(args: &[String]) -> Result<BenchConfig, String> {
-    let (values, rest) = take_options(args, &["--rounds", "--floor-cpus"])?;
-    let rounds = match &values[0] {
-        Some(v) => v.parse().map_err(|e| format!("--rounds {v}: {e}"))?,
-        None => 3,
-    };
-    let floor_cpus = match &values[1] {
-        Some(v) => {
-            let bad = |e: std::num::ParseIntError| format!("--floor-cpus {v}: {e}");
-            let (a, b) = v
-                .split_once(',')
-                .ok_or_else(|| format!("--floor-cpus {v}: expected A,B"))?;
-            (a.parse().map_err(bad)?, b.parse().map_err(bad)?)
+impl Cmd {
+    fn name(self) -> &'static str {
+        match self {
+            Cmd::Bypass => "bypass",
+            Cmd::Echo => "echo",
+            Cmd::Bench => "bench",
         }
-        None => (0, 1),
-    };
+    }
+
+    /// Whether `flag` is one of this command's options: `--mode` and `--dma-len` are
+    /// `bypass`'s only (the benchmark runs every path, with user-data), `--rounds` and
+    /// `--floor-cpus` `bench`'s, `--yields` `echo`'s. (`--peer` is checked after the options.)
+    fn takes(self, flag: &str) -> bool {
+        match flag {
+            "--socket" | "--peer" | "--endpoint" | "--count" | "--ring-size" | "--memory-mib"
+            | "--timeout-secs" => true,
+            "--mode" | "--dma-len" => self == Cmd::Bypass,
+            "--rounds" | "--floor-cpus" => self == Cmd::Bench,
+            "--yields" => self == Cmd::Echo,
+            _ => false,
+        }
+    }
+
+    /// Why `flag`, not one of its options, is refused.
+    fn refusal(self, flag: &str) -> String {
+        if ![Cmd::Bypass, Cmd::Echo, Cmd::Bench]
+            .iter()
+            .any(|c| c.takes(flag))
+        {
+            return format!("unknown option {flag}\n{USAGE}");
+        }
+        let why = match self {
+            Cmd::Bench => " (the benchmark runs every data path, with user-data)",
+            Cmd::Bypass | Cmd::Echo => "",
+        };
+        format!("{} takes no option {flag}{why}\n{USAGE}", self.name())
+    }
+}
+
+/// The options of every command; those a command does not take keep their defaults.
+#[derive(Debug)]
+struct Options {
+    cfg: BypassConfig,
+    /// `bench`: rounds (default 3).
+    rounds: u32,
+    /// `bench`: the floor's CPUs (default 0,1).
+    floor_cpus: (usize, usize),
+    /// `echo`: how it waits (the channel API's default).
+    wait: WaitPolicy,
+}
+
+/// The options of `bench`: those of `bypass` but `--mode` and `--dma-len`, and `--rounds`
+/// and `--floor-cpus`.
+fn parse_bench(args: &[String]) -> Result<BenchConfig, String> {
+    let o = parse(args, Cmd::Bench)?;
     Ok(BenchConfig {
-        vm: parse(&rest, true)?,
-        rounds,
-        floor_cpus,
+        vm: o.cfg,
+        rounds: o.rounds,
+        floor_cpus: o.floor_cpus,
     })
 }
 
-/// The options of `echo`: those of `parse` without a peer, and `--yields N`, the polls that
-/// yield the CPU before the echo sleeps until the engine wakes it (the channel API's default
-/// otherwise).
+/// The options of `echo`: those of `bypass` without a peer, `--mode` or `--dma-len`, and
+/// `--yields N`, the polls that yield the CPU before the echo sleeps until the engine wakes
+/// it.
 fn parse_echo(args: &[String]) -> Result<(BypassConfig, WaitPolicy), String> {
-    let (values, rest) = take_options(args, &["--yields"])?;
-    let mut policy = WaitPolicy::default();
-    if let Some(v) = &values[0] {
-        policy.yields = v.parse().map_err(|e| format!("--yields {v}: {e}"))?;
-    }
-    Ok((parse(&rest, false)?, policy))
+    parse(args, Cmd::Echo).map(|o| (o.cfg, o.wait))
 }
 
-/// The options of `bypass` (`needs_peer`) and `echo`.
-fn parse(args: &[String], needs_peer: bool) -> Result<BypassConfig, String> {
-    let mut cfg = BypassConfig {
-        socket: Default::default(),
-        memory_size: 64 << 20,
-        endpoint: 1,
-        ring_size: svnic_channels::layout::DEFAULT_RING_SIZE,
-        peer: ChannelAddr {
-            mac: MacAddr([0; 6]),
-            endpoint: 0,
+/// A CPU of `--floor-cpus`: a number below `libc::CPU_SETSIZE`.
+fn floor_cpu(v: &str, cpu: &str) -> Result<usize, String> {
+    let n: usize = cpu.parse().map_err(|e| format!("--floor-cpus {v}: {e}"))?;
+    if !bench::fits_cpu_set(n) {
+        return Err(format!(
+            "--floor-cpus {v}: CPU {n} is beyond the {} a CPU set holds",
+            libc::CPU_SETSIZE
+        ));
+    }
+    Ok(n)
+}
+
+/// The options of `cmd`.
+fn parse(args: &[String], cmd: Cmd) -> Result<Options, String> {
+    let mut o = Options {
+        cfg: BypassConfig {
+            socket: Default::default(),
+            memory_size: 64 << 20,
+            endpoint: 1,
+            ring_size: svnic_channels::layout::DEFAULT_RING_SIZE,
+            peer: ChannelAddr {
+                mac: MacAddr([0; 6]),
+                endpoint: 0,
+            },
+            count: 1000,
+            seed: 0x5eed_0000_0000,
+            payload: Payload::UserData,
+            path: DataPath::Bypass,
+            times: 0,
+            timeout: Duration::from_secs(10),
+            start: None,
         },
-        count: 1000,
-        seed: 0x5eed_0000_0000,
-        payload: Payload::UserData,
-        path: DataPath::Bypass,
-        times: 0,
-        timeout: Duration::from_secs(10),
-        start: None,
+        rounds: 3,
+        floor_cpus: (0, 1),
+        wait: WaitPolicy::default(),
     };
+    let cfg = &mut o.cfg;
     let (mut socket, mut peer) = (false, false);
     let mut it = args.iter();
     while let Some(flag) = it.next() {
+        if !cmd.takes(flag) {
+            return Err(cmd.refusal(flag));
+        }
         let value = it
             .next()
             .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
@@ -278,15 +316,34 @@ fn parse(args: &[String], needs_peer: bool) -> Result<BypassConfig, String> {
             "--mode" => cfg.path = value.parse()?,
             "--memory-mib" => cfg.memory_size = num()?.saturating_mul(1 << 20),
             "--timeout-secs" => cfg.timeout = Duration::from_secs(num()?),
+            "--rounds" => {
+                o.rounds = value
+                    .parse()
+                    .map_err(|e| format!("--rounds {value}: {e}"))?
+            }
+            "--floor-cpus" => {
+                let (a, b) = value
+                    .split_once(',')
+                    .ok_or_else(|| format!("--floor-cpus {value}: expected A,B"))?;
+                o.floor_cpus = (floor_cpu(value, a)?, floor_cpu(value, b)?);
+            }
+            "--yields" => {
+                o.wait.yields = value
+                    .parse()
+                    .map_err(|e| format!("--yields {value}: {e}"))?
+            }
             _ => return Err(format!("unknown option {flag}\n{USAGE}")),
         }
     }
-    if !socket || peer != needs_peer {
-        return Err(format!(
-            "bypass needs --socket and --peer, echo --socket only\n{USAGE}"
-        ));
+    if !socket || peer != (cmd != Cmd::Echo) {
+        return Err(match cmd {
+            Cmd::Bypass | Cmd::Bench => {
+                format!("{} needs --socket and --peer\n{USAGE}", cmd.name())
+            }
+            Cmd::Echo => format!("echo needs --socket and takes no --peer\n{USAGE}"),
+        });
     }
-    Ok(cfg)
+    Ok(o)
 }
 
 #[cfg(test)]
@@ -295,6 +352,11 @@ mod tests {
 
     fn args(line: &str) -> Vec<String> {
         line.split_whitespace().map(String::from).collect()
+    }
+
+    /// The configuration of `bypass` (`peer`) or `echo` for `line`.
+    fn parse(line: &[String], peer: bool) -> Result<BypassConfig, String> {
+        super::parse(line, if peer { Cmd::Bypass } else { Cmd::Echo }).map(|o| o.cfg)
     }
 
     #[test]
@@ -323,7 +385,14 @@ mod tests {
             (cfg.memory_size, cfg.timeout, cfg.path),
             (32 << 20, Duration::from_secs(2), DataPath::Mediated)
         );
-        let mode = |m: &str| parse(&args(&format!("--socket /s --mode {m}")), false);
+        let mode = |m: &str| {
+            parse(
+                &args(&format!(
+                    "--socket /s --peer 52:54:00:00:00:02/7 --mode {m}"
+                )),
+                true,
+            )
+        };
         assert_eq!(mode("bypass").map(|c| c.path), Ok(DataPath::Bypass));
         assert_eq!(mode("doorbell").map(|c| c.path), Ok(DataPath::Doorbell));
     }
@@ -334,11 +403,16 @@ mod tests {
             let e = parse(&args(line), peer).expect_err(line);
             assert!(e.contains(want), "{line}: {e}");
         };
-        refused("--socket /s", true, "needs --socket and --peer");
+        refused("--socket /s", true, "bypass needs --socket and --peer");
+        refused(
+            "--peer 52:54:00:00:00:02/7",
+            true,
+            "bypass needs --socket and --peer",
+        );
         refused(
             "--socket /s --peer 52:54:00:00:00:02/7",
             false,
-            "echo --socket only",
+            "echo needs --socket and takes no --peer",
         );
         refused(
             "--socket /s --peer 52:54:00:00:00:02",
@@ -348,8 +422,29 @@ mod tests {
         refused("--socket /s --peer nonsense/1", true, "--peer nonsense/1");
         refused("--socket /s --count", false, "--count needs a value");
         refused("--socket /s --count many", false, "--count many");
-        refused("--socket /s --dma-len -1", false, "--dma-len -1");
-        refused("--socket /s --mode fast", false, "unknown mode \"fast\"");
+        let bypass = "--socket /s --peer 52:54:00:00:00:02/7";
+        refused(&format!("{bypass} --dma-len -1"), true, "--dma-len -1");
+        refused(
+            &format!("{bypass} --mode fast"),
+            true,
+            "unknown mode \"fast\"",
+        );
+        // The options of the other commands.
+        refused(
+            &format!("{bypass} --rounds 2"),
+            true,
+            "bypass takes no option --rounds",
+        );
+        refused(
+            "--socket /s --mode bypass",
+            false,
+            "echo takes no option --mode",
+        );
+        refused(
+            "--socket /s --dma-len 64",
+            false,
+            "echo takes no option --dma-len",
+        );
         refused(
             "--socket /s --frobnicate 1",
             false,
@@ -360,10 +455,13 @@ mod tests {
     #[test]
     fn bench_options_add_rounds_and_floor_cpus_to_those_of_bypass() {
         let cfg = parse_bench(&args(
-            "--rounds 5 --socket /s --floor-cpus 1,0 --peer 52:54:00:00:00:02/7 --count 9",
+            "--rounds 5 --socket /s --floor-cpus 1,1023 --peer 52:54:00:00:00:02/7 --count 9",
         ))
         .expect("valid options");
-        assert_eq!((cfg.rounds, cfg.floor_cpus, cfg.vm.count), (5, (1, 0), 9));
+        assert_eq!(
+            (cfg.rounds, cfg.floor_cpus, cfg.vm.count),
+            (5, (1, 1023), 9)
+        );
         let defaults =
             parse_bench(&args("--socket /s --peer 52:54:00:00:00:02/7")).expect("defaults");
         assert_eq!((defaults.rounds, defaults.floor_cpus), (3, (0, 1)));
@@ -380,7 +478,23 @@ mod tests {
                 "--socket /s --peer 52:54:00:00:00:02/7 --floor-cpus a,1",
                 "--floor-cpus a,1",
             ),
-            ("--socket /s", "needs --socket and --peer"),
+            (
+                "--socket /s --peer 52:54:00:00:00:02/7 --floor-cpus 0,1024",
+                "--floor-cpus 0,1024: CPU 1024 is beyond the 1024 a CPU set holds",
+            ),
+            (
+                "--socket /s --peer 52:54:00:00:00:02/7 --mode mediated",
+                "bench takes no option --mode (the benchmark runs every data path",
+            ),
+            (
+                "--socket /s --peer 52:54:00:00:00:02/7 --dma-len 4096",
+                "bench takes no option --dma-len",
+            ),
+            (
+                "--socket /s --peer 52:54:00:00:00:02/7 --yields 3",
+                "bench takes no option --yields",
+            ),
+            ("--socket /s", "bench needs --socket and --peer"),
         ] {
             let e = parse_bench(&args(line)).expect_err(line);
             assert!(e.contains(want), "{line}: {e}");
@@ -393,5 +507,7 @@ mod tests {
         );
         let e = parse_echo(&args("--socket /s --yields x")).expect_err("bad --yields");
         assert!(e.contains("--yields x"), "{e}");
+        let e = parse_echo(&args("--socket /s --rounds 2")).expect_err("--rounds");
+        assert!(e.contains("echo takes no option --rounds"), "{e}");
     }
 }

@@ -17,19 +17,20 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use svnic_channels::layout::header;
-use svnic_channels::ChannelLayout;
+use svnic_channels::message::MESSAGE_SIZE;
+use svnic_channels::{ChannelLayout, ChannelMem, SharedRegion};
 use svnic_client::channel::Doorbell;
-use svnic_host_frontend::virtio_user::MemfdMemory;
+use vm_memory::Bytes;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::boot_info::{MEDIATE_RECV, MEDIATE_SEND, PATH_BYPASS, PATH_DOORBELL, PATH_MEDIATED};
 use crate::error::MicroVmError;
 use crate::vcpu::Mmio;
-use crate::vm::{load, store, DOORBELL_GPA, MEDIATE_GPA};
+use crate::vm::{DOORBELL_GPA, MEDIATE_GPA};
 
 /// How the guest program's messages reach the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -83,15 +84,13 @@ impl FromStr for DataPath {
     }
 }
 
-/// The channel as the VMM sees it: where its words lie in guest memory, and its doorbell.
-#[derive(Clone, Copy)]
+/// The channel as the VMM sees it: its region in guest memory, and its doorbell.
+#[derive(Clone)]
 pub struct EngineSide<'a> {
-    /// The guest memory.
-    pub memory: &'a MemfdMemory,
+    /// The channel region (in the guest memory, at `channel_gpa`) with its layout.
+    pub mem: ChannelMem<'a>,
     /// Guest-physical address of the channel region.
     pub channel_gpa: u64,
-    /// The channel's layout.
-    pub layout: ChannelLayout,
     /// The channel id the doorbell names.
     pub channel_id: u32,
     /// The engine's doorbell (a Doorbell frame through the guest's virtio-net port).
@@ -107,20 +106,59 @@ impl fmt::Debug for EngineSide<'_> {
     }
 }
 
-impl EngineSide<'_> {
+impl<'a> EngineSide<'a> {
+    /// The channel in `region` (at `channel_gpa` in the guest memory) with `layout`, its id and
+    /// the engine's doorbell. Fails if the region is shorter than the layout says.
+    pub fn new(
+        region: &'a SharedRegion,
+        layout: ChannelLayout,
+        channel_gpa: u64,
+        channel_id: u32,
+        doorbell: &'a dyn Doorbell,
+    ) -> Result<Self, MicroVmError> {
+        let mem = region
+            .channel(layout)
+            .map_err(|e| MicroVmError::BadConfig(format!("channel region: {e}")))?;
+        Ok(EngineSide {
+            mem,
+            channel_gpa,
+            channel_id,
+            doorbell,
+        })
+    }
+
+    fn access_error(&self, offset: usize, e: impl fmt::Display) -> MicroVmError {
+        MicroVmError::Access {
+            addr: self.channel_gpa + offset as u64,
+            why: e.to_string(),
+        }
+    }
+
+    /// The header word at `offset` (an acquire load).
     fn word(&self, offset: usize) -> Result<u32, MicroVmError> {
-        load::<u32>(self.memory, self.channel_gpa + offset as u64)
+        self.mem
+            .slice()
+            .load::<u32>(offset, Ordering::Acquire)
+            .map_err(|e| self.access_error(offset, e))
+    }
+
+    /// Publishes `value` in the header word at `offset` (a release store).
+    fn publish(&self, offset: usize, value: u32) -> Result<(), MicroVmError> {
+        self.mem
+            .slice()
+            .store(value, offset, Ordering::Release)
+            .map_err(|e| self.access_error(offset, e))
     }
 
     /// The notifier's half of docs/abi.md §4, after a producer index was published: a full
-    /// fence, then a Doorbell frame if the engine advertises sleeping. Returns whether it rang.
-    pub fn notify(&self) -> Result<bool, MicroVmError> {
-        fence(Ordering::SeqCst);
-        let sleeping = self.word(header::ENGINE_SLEEPING)? != 0;
+    /// fence, then a Doorbell frame if the engine advertises sleeping (or its flag cannot be
+    /// read). Returns whether it rang.
+    pub fn notify(&self) -> bool {
+        let sleeping = self.mem.peer_sleeping(header::ENGINE_SLEEPING);
         if sleeping {
             self.doorbell.ring(self.channel_id);
         }
-        Ok(sleeping)
+        sleeping
     }
 }
 
@@ -170,7 +208,7 @@ pub fn relay_doorbells(
             Ok(count) => {
                 stats.wakeups += 1;
                 stats.signals += count;
-                if side.notify()? {
+                if side.notify() {
                     stats.frames += 1;
                 }
             }
@@ -182,7 +220,7 @@ pub fn relay_doorbells(
     if let Ok(count) = evt.read() {
         stats.wakeups += 1;
         stats.signals += count;
-        if side.notify()? {
+        if side.notify() {
             stats.frames += 1;
         }
     }
@@ -274,10 +312,9 @@ impl<'a> Mediator<'a> {
     }
 
     fn send(&mut self, slot_gpa: u64) -> Result<(), MicroVmError> {
-        let l = &self.side.layout;
-        let mask = l.ring_size - 1;
+        let l = self.side.mem.layout();
         let slot = |ring: usize, head: u32| {
-            self.side.channel_gpa + ring as u64 + u64::from(head & mask) * 64
+            self.side.channel_gpa + (ring + (head & l.mask()) as usize * MESSAGE_SIZE) as u64
         };
         let (word, head) = if slot_gpa == slot(l.tx_ring, self.tx_head) {
             self.tx_head = self.tx_head.wrapping_add(1);
@@ -293,9 +330,9 @@ impl<'a> Mediator<'a> {
                 slot(l.post_ring, self.post_head)
             )));
         };
-        store(self.side.memory, self.side.channel_gpa + word as u64, head)?;
+        self.side.publish(word, head)?;
         self.stats.sends += 1;
-        if self.side.notify()? {
+        if self.side.notify() {
             self.stats.frames += 1;
         }
         Ok(())
@@ -310,7 +347,7 @@ impl<'a> Mediator<'a> {
                 return Ok(head);
             }
             let waited = start.elapsed();
-            if self.side.word(header::FAULT)? != 0 || waited >= RECV_WAIT {
+            if self.side.mem.fault().is_some() || waited >= RECV_WAIT {
                 self.stats.empty_recvs += 1;
                 return Ok(head);
             }
