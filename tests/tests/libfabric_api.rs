@@ -1748,6 +1748,7 @@ fn rdm_retried_sends_keep_their_order_behind_a_receiver_that_stopped() {
     const N: usize = 300;
     let mut bufs = vec![[0u8; 64]; N];
     let rig = OrderRig::start("fi-api-order", "14", &mut bufs);
+    let retries_before = svnic_fi::stats::SEND_RETRIES.get();
     let deadline = Instant::now() + Duration::from_secs(60);
     let (mut sent, mut sends_done) = (0, 0);
     let mut received: Vec<usize> = Vec::new();
@@ -1787,6 +1788,10 @@ fn rdm_retried_sends_keep_their_order_behind_a_receiver_that_stopped() {
         OrderRig::numbers(&bufs),
         (0..N as u64).collect::<Vec<_>>(),
         "messages in send order"
+    );
+    assert!(
+        svnic_fi::stats::SEND_RETRIES.get() > retries_before,
+        "the receiver's stop made the engine answer NoBuffer and the provider retry"
     );
     assert!(
         read_now(rig.cq_a, "sender").is_empty() && read_now(rig.cq_b, "receiver").is_empty(),
@@ -1877,4 +1882,336 @@ fn rdm_a_send_that_finally_failed_does_not_hold_up_the_later_ones() {
         "nothing more"
     );
     rig.close();
+}
+
+/// An RDM endpoint whose unexpected queue is full still reads its RX ring: b takes 140
+/// unmatched 64 KiB messages from a (8 MiB copied out, the rest kept in bounce buffers), and
+/// then b's own send to a completes and reaches a. Once b posts receives for them, all 140
+/// arrive, in order and intact.
+#[test]
+fn rdm_an_endpoint_with_a_full_unexpected_queue_still_completes_its_sends() {
+    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let d = DaemonFixture::start("fi-api-full", &[(MAC, "")], EngineOverrides::default());
+    std::env::set_var("FI_SVNIC_SOCKET", d.sock(1));
+    std::env::remove_var("FI_SVNIC_ENDPOINT");
+    let (info, fabric, dom, av) = rdm_domain(FI_AV_TABLE);
+    let (a, cq_a) = rdm_endpoint(dom, info, av, 0);
+    let (b, cq_b) = rdm_endpoint(dom, info, av, 0);
+    let names: Vec<u8> = [getname(a), getname(b)].concat();
+    let mut h = [0u64; 2];
+    assert_eq!(
+        call!(
+            r(av).ops,
+            insert(av, names.as_ptr().cast(), 2, h.as_mut_ptr(), 0, null_mut())
+        ),
+        2
+    );
+    let [to_a, to_b] = h;
+    const N: usize = 140;
+    const LEN: usize = 64 << 10;
+    const { assert!(N * LEN > svnic_fi::ep::UNEXPECTED_BYTES) };
+    let msgs: Vec<Vec<u8>> = (0..N).map(|k| pattern(LEN, k as u8)).collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (mut sent, mut done) = (0, 0);
+    while done < N {
+        assert!(Instant::now() < deadline, "sent {sent}, {done} completions");
+        if sent < N {
+            let m = &msgs[sent];
+            let rc = call!(
+                r(a).tagged,
+                send(a, m.as_ptr().cast(), LEN, null_mut(), to_b, 9, ctx(sent))
+            );
+            match rc {
+                0 => sent += 1,
+                EAGAIN => {}
+                rc => panic!("send {sent}: {rc}"),
+            }
+        }
+        done += read_now(cq_a, "a").len();
+        assert!(read_now(cq_b, "b").is_empty(), "b posted nothing");
+    }
+
+    // b's own send completes although its unexpected queue is over its bounds.
+    let mut back = [0u8; 64];
+    let rc = call!(
+        r(a).tagged,
+        recv(
+            a,
+            back.as_mut_ptr().cast(),
+            back.len(),
+            null_mut(),
+            FI_ADDR_UNSPEC,
+            1,
+            0,
+            ctx(1000)
+        )
+    );
+    assert_eq!(rc, 0);
+    let hello = pattern(64, 77);
+    let rc = call!(
+        r(b).tagged,
+        send(
+            b,
+            hello.as_ptr().cast(),
+            hello.len(),
+            null_mut(),
+            to_a,
+            1,
+            ctx(2000)
+        )
+    );
+    assert_eq!(rc, 0);
+    let mut b_done = Vec::new();
+    let mut a_got = Vec::new();
+    while b_done.is_empty() || a_got.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "b's send completed: {}, a received it: {}",
+            !b_done.is_empty(),
+            !a_got.is_empty()
+        );
+        b_done.extend(read_now(cq_b, "b"));
+        a_got.extend(read_now(cq_a, "a"));
+        std::thread::yield_now();
+    }
+    assert_eq!(b_done[0].data_entry.op_context as usize, 2000);
+    assert_eq!(a_got[0].data_entry.op_context as usize, 1000);
+    assert_eq!(&back[..], &hello[..]);
+
+    // Nothing was lost: every unexpected message is received, in order.
+    let mut bufs = vec![vec![0u8; LEN]; N];
+    for (k, buf) in bufs.iter_mut().enumerate() {
+        let rc = call!(
+            r(b).tagged,
+            recv(
+                b,
+                buf.as_mut_ptr().cast(),
+                LEN,
+                null_mut(),
+                FI_ADDR_UNSPEC,
+                9,
+                0,
+                ctx(k)
+            )
+        );
+        assert_eq!(rc, 0, "receive {k}");
+    }
+    let got = read_tagged(cq_b, N).unwrap();
+    let order: Vec<usize> = got
+        .iter()
+        .map(|e| e.data_entry.op_context as usize)
+        .collect();
+    assert_eq!(order, (0..N).collect::<Vec<_>>());
+    assert!(got.iter().all(|e| e.data_entry.len == LEN && e.tag == 9));
+    assert!(bufs == msgs, "the messages' bytes, in send order");
+    let eps_and_cqs = [a.cast(), b.cast(), cq_a.cast(), cq_b.cast()];
+    close_all(&eps_and_cqs, av, dom, fabric, info);
+}
+
+/// Messages in parts from a peer that does not follow the protocol, sent through a raw channel
+/// of a second guest: a receive that took a first part (and waits for parts that never come)
+/// can be cancelled, and a part carrying bytes past the announced length fails its receive
+/// instead of completing it; the sender's next message is received as usual. A receive
+/// waiting for the later parts of a sender that is then gone fails once the endpoint's probe
+/// finds it gone.
+#[test]
+fn rdm_receives_of_broken_messages_in_parts_can_be_cancelled_or_fail() {
+    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    const MAC2: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x72, 0x01, 0x02]);
+    let d = DaemonFixture::start(
+        "fi-api-parts",
+        &[(MAC, ""), (MAC2, "")],
+        EngineOverrides::default(),
+    );
+    std::env::set_var("FI_SVNIC_SOCKET", d.sock(1));
+    std::env::remove_var("FI_SVNIC_ENDPOINT");
+    std::env::set_var("FI_SVNIC_PEER_TIMEOUT_MS", "200");
+    let (info, fabric, dom, av) = rdm_domain(FI_AV_TABLE);
+    let (b, cq_b) = rdm_endpoint(dom, info, av, 0);
+    std::env::remove_var("FI_SVNIC_PEER_TIMEOUT_MS");
+    let to = addr::decode(&getname(b)).unwrap();
+    let peer = d.guest(2);
+    let mut raw = peer
+        .create_channel(1, 256, Duration::from_secs(10))
+        .unwrap();
+    let raw_addr = addr::encode(raw.addr());
+    let mut cookie = 0;
+    let mut send_raw = |h: svnic_fi::rdm::Header, payload: &[u8]| {
+        let (hb, n) = h.encode();
+        let mut m = hb[..n].to_vec();
+        m.extend_from_slice(payload);
+        cookie += 1;
+        assert!(raw
+            .send_user(to, cookie, &m, svnic_client::Completions::OnError)
+            .unwrap());
+        raw.flush().unwrap();
+    };
+    let recv = |buf: &mut [u8], cx: usize| {
+        call!(
+            r(b).msg,
+            recv(
+                b,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                null_mut(),
+                FI_ADDR_UNSPEC,
+                ctx(cx)
+            )
+        )
+    };
+    let settle = || {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(300) {
+            assert!(read_now(cq_b, "b").is_empty());
+            std::thread::yield_now();
+        }
+    };
+
+    // A first part of a 1000-byte message, and nothing more: the receive can be cancelled.
+    let mut buf1 = [0u8; 2000];
+    assert_eq!(recv(&mut buf1, 1), 0);
+    let first = svnic_fi::rdm::Header {
+        seq: Some(0),
+        total: Some(1000),
+        ..Default::default()
+    };
+    send_raw(first, &[1; 10]);
+    settle();
+    assert_eq!(
+        call!(r(b).ops, cancel(b.cast(), ctx(1))),
+        0,
+        "the receive taking the message in parts is cancelled"
+    );
+    let err = read_err(cq_b);
+    assert_eq!((err.op_context as usize, err.err), (1, FI_ECANCELED));
+
+    // A first part with more bytes than the message it announces fails its receive.
+    let mut buf2 = [0u8; 2000];
+    assert_eq!(recv(&mut buf2, 2), 0);
+    let short = svnic_fi::rdm::Header {
+        seq: Some(1),
+        total: Some(4),
+        ..Default::default()
+    };
+    send_raw(short, &[2; 10]);
+    let err = read_err(cq_b);
+    assert_eq!((err.op_context as usize, err.err), (2, FI_EIO));
+
+    // The sender's next message is received as usual.
+    let mut buf3 = [0u8; 64];
+    assert_eq!(recv(&mut buf3, 3), 0);
+    let plain = svnic_fi::rdm::Header {
+        seq: Some(2),
+        ..Default::default()
+    };
+    send_raw(plain, &[3; 5]);
+    let got = read_tagged(cq_b, 1).unwrap();
+    assert_eq!(
+        (got[0].data_entry.op_context as usize, got[0].data_entry.len),
+        (3, 5)
+    );
+    assert_eq!(&buf3[..5], &[3; 5]);
+
+    // b has sent to the peer (so it probes it); the peer sends a first part and goes away.
+    let mut to_raw = 0u64;
+    assert_eq!(
+        call!(
+            r(av).ops,
+            insert(av, raw_addr.as_ptr().cast(), 1, &mut to_raw, 0, null_mut())
+        ),
+        1
+    );
+    let ping = [0u8; 8];
+    assert_eq!(
+        call!(
+            r(b).msg,
+            inject(b, ping.as_ptr().cast(), ping.len(), to_raw)
+        ),
+        0
+    );
+    let mut buf4 = [0u8; 2000];
+    assert_eq!(recv(&mut buf4, 4), 0);
+    let first = svnic_fi::rdm::Header {
+        seq: Some(3),
+        total: Some(1000),
+        ..Default::default()
+    };
+    send_raw(first, &[4; 10]);
+    settle();
+    peer.destroy_channel(raw, Duration::from_secs(10)).unwrap();
+    let err = read_err(cq_b);
+    assert_eq!(err.op_context as usize, 4);
+    assert!(
+        [FI_EHOSTUNREACH, FI_ECONNRESET].contains(&err.err),
+        "{}",
+        err.err
+    );
+    close_all(&[b.cast(), cq_b.cast()], av, dom, fabric, info);
+}
+
+/// The RDM `max_msg_size` fi_getinfo advertises is what the endpoint accepts: with 4 staging
+/// slots (fewer than the 8 parts a message may have) it is 4 parts, and a message of exactly
+/// that size is sent and received while one byte more is `-FI_EMSGSIZE`.
+#[test]
+fn rdm_max_msg_size_advertised_is_what_the_endpoint_takes() {
+    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let d = DaemonFixture::start("fi-api-maxmsg", &[(MAC, "")], EngineOverrides::default());
+    std::env::set_var("FI_SVNIC_SOCKET", d.sock(1));
+    std::env::remove_var("FI_SVNIC_ENDPOINT");
+    std::env::set_var("FI_SVNIC_TX_BUFFERS", "4");
+    let (info, fabric, dom, av) = rdm_domain(FI_AV_TABLE);
+    let max = r(r(info).ep_attr).max_msg_size;
+    let (a, cq_a) = rdm_endpoint(dom, info, av, 0);
+    let (b, cq_b) = rdm_endpoint(dom, info, av, 0);
+    std::env::remove_var("FI_SVNIC_TX_BUFFERS");
+    assert_eq!(max, 4 * svnic_fi::config::DEFAULT_MAX_MSG_SIZE);
+    let names: Vec<u8> = [getname(a), getname(b)].concat();
+    let mut h = [0u64; 2];
+    assert_eq!(
+        call!(
+            r(av).ops,
+            insert(av, names.as_ptr().cast(), 2, h.as_mut_ptr(), 0, null_mut())
+        ),
+        2
+    );
+    let msg = pattern(max + 1, 5);
+    let send = |len: usize| {
+        call!(
+            r(a).msg,
+            send(a, msg.as_ptr().cast(), len, null_mut(), h[1], ctx(1))
+        )
+    };
+    assert_eq!(send(max + 1), -(FI_EMSGSIZE as isize));
+    let mut buf = vec![0u8; max];
+    assert_eq!(
+        call!(
+            r(b).msg,
+            recv(
+                b,
+                buf.as_mut_ptr().cast(),
+                max,
+                null_mut(),
+                FI_ADDR_UNSPEC,
+                ctx(2)
+            )
+        ),
+        0
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match send(max) {
+            0 => break,
+            EAGAIN => assert!(Instant::now() < deadline, "the send never went"),
+            rc => panic!("send of max_msg_size bytes: {rc}"),
+        }
+    }
+    assert_eq!(
+        read_tagged(cq_a, 1).unwrap()[0].data_entry.op_context as usize,
+        1
+    );
+    let got = read_tagged(cq_b, 1).unwrap();
+    assert_eq!(got[0].data_entry.len, max);
+    assert!(buf[..] == msg[..max]);
+    let eps_and_cqs = [a.cast(), b.cast(), cq_a.cast(), cq_b.cast()];
+    close_all(&eps_and_cqs, av, dom, fabric, info);
 }

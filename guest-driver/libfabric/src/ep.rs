@@ -21,26 +21,34 @@
 //!   backpressures the sender instead of the provider dropping.
 //! - Progress is manual: CQ reads and every post call poll the channel.
 //! - Peer liveness: DGRAM gives a receiver no way to learn that its peer died, so while receives
-//!   have waited `FI_SVNIC_PEER_TIMEOUT_MS` with nothing arriving, the endpoint probes the peers
+//!   (posted, or taking a message in parts) have waited `FI_SVNIC_PEER_TIMEOUT_MS` with nothing
+//!   arriving, the endpoint probes the peers
 //!   it sent to (a zero-length user-data message the receiving provider discards, at most one in
 //!   flight per peer). A probe the engine answers with NoRoute, DestinationGone or
 //!   DestinationFaulted fails the posted receives directed at that peer (`FI_DIRECTED_RECV`),
 //!   or if there are none the oldest posted receive, with that error, and forgets the peer.
 //! - RDM unexpected messages: a message no posted receive matches waits in the unexpected
 //!   queue, a DMA-data one copied out of its bounce buffer (so the buffer takes the next
-//!   message) while the queue holds less than [`UNEXPECTED_BYTES`]; past that it keeps its
-//!   bounce buffer, and past [`UNEXPECTED_MAX`] messages or [`UNEXPECTED_BYTES`] bytes copied
-//!   out (messages reassembled from parts or kept aside for ordering are copies too) the
-//!   endpoint stops taking messages from its RX ring: the engine backpressures the senders,
-//!   nothing is dropped. A first part announcing more than 8 parts of the largest message size
-//!   is refused before anything is held for it.
+//!   message) while the queue holds fewer than [`UNEXPECTED_MAX`] messages and the copies stay
+//!   within [`UNEXPECTED_BYTES`] (messages being assembled from parts on the heap and messages
+//!   kept aside for ordering count as copies too); past that it keeps its bounce buffer, so
+//!   once all are held the engine backpressures the senders: nothing is dropped. The RX ring is
+//!   read all the while, since it also carries this endpoint's send completions and probe
+//!   answers; only with [`UNEXPECTED_RING_STOP`] messages queued (inline ones, which hold no
+//!   bounce buffer, are what can get there) does the endpoint stop reading it. A first part
+//!   announcing more than 8 parts of the largest message size, or a message in parts from more
+//!   than [`ASSEMBLING_MAX`] senders at once, is refused before anything is held for it; a
+//!   message in parts whose next part has not come for [`GAP_WAIT`] is abandoned (its receive,
+//!   if it has one, fails `FI_EIO`).
+//! - Log lines that peers' messages can cause are limited to one per second per call site
+//!   ([`crate::stats`], which also counts them).
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::os::raw::{c_int, c_void};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use svnic_channels::layout::header;
+use svnic_channels::layout::{header, ChannelLayout};
 use svnic_channels::message::INLINE_CAPACITY;
 use svnic_channels::ChannelMem;
 use svnic_channels::{ChannelAddr, Completion, CompletionStatus, DataRef, Message};
@@ -49,6 +57,7 @@ use svnic_client::{Channel, ChannelError, Completions};
 use crate::addr::{self, ADDR_LEN};
 use crate::attach::{DomainInner, CONTROL_TIMEOUT};
 use crate::av::{AvInner, SvnicAv};
+use crate::config::Config;
 use crate::cq::{CqEntry, CqInner, ErrInfo, SvnicCq};
 use crate::eq::SvnicEq;
 use crate::errors::{
@@ -64,6 +73,7 @@ use crate::ffi::errno::*;
 use crate::ffi::*;
 use crate::info::{INJECT_SIZE, IOV_LIMIT, RX_SIZE, TX_SIZE};
 use crate::rdm::{self, Header, Reorder, Want};
+use crate::stats::warn_limited;
 use crate::wait::Progress;
 use crate::{free_object, guard, hand_out, object, object_of, put, FidObject};
 
@@ -101,10 +111,18 @@ const RECV_FLAGS: u64 =
 const PEEK_FLAGS: u64 = op_flags::FI_PEEK | op_flags::FI_CLAIM | op_flags::FI_DISCARD;
 /// Flags an RDM endpoint's `fi_sendmsg`/`fi_tsendmsg` accept beyond [`SEND_FLAGS`].
 const RDM_SEND_FLAGS: u64 = op_flags::FI_TAGGED | op_flags::FI_REMOTE_CQ_DATA;
-/// Messages in an RDM endpoint's unexpected queue beyond which it stops polling its RX ring.
+/// Messages in an RDM endpoint's unexpected queue beyond which DMA-data ones keep their bounce
+/// buffers (are not copied out).
 pub const UNEXPECTED_MAX: usize = 4096;
-/// Bytes of DMA-data copied out of bounce buffers into the unexpected queue, at most.
+/// Bytes copied out of bounce buffers (unexpected messages, messages in parts assembled on the
+/// heap, messages kept aside for ordering) beyond which unexpected DMA-data messages keep their
+/// bounce buffers.
 pub const UNEXPECTED_BYTES: usize = 8 << 20;
+/// Messages in an RDM endpoint's unexpected queue beyond which it stops reading its RX ring
+/// (the only backpressure on inline messages, which hold no bounce buffer).
+pub const UNEXPECTED_RING_STOP: usize = 16 * UNEXPECTED_MAX;
+/// Senders an RDM endpoint assembles messages in parts from at once.
+pub const ASSEMBLING_MAX: usize = 64;
 
 /// A scatter/gather list of the application's memory: (address, length) pairs.
 type Segments = Vec<(usize, usize)>;
@@ -228,6 +246,8 @@ struct Assembly {
     /// Bytes received so far (the offset the next part must have).
     got: usize,
     sink: Sink,
+    /// When its last part arrived.
+    since: Instant,
 }
 
 /// Where the parts of a message go.
@@ -264,7 +284,9 @@ struct EpState {
     directed: bool,
     /// Bytes of each bounce buffer and staging slot: `max_msg`, plus room for the header.
     slot_len: usize,
-    /// Payload bytes of the unexpected queue's [`Body::Heap`] messages.
+    /// Payload bytes copied out of bounce buffers and held by the endpoint: the unexpected
+    /// queue's [`Body::Heap`] messages, the messages kept aside by [`EpState::order`] and the
+    /// messages in parts assembled on the heap.
     unexpected_bytes: usize,
     /// Messages claimed by `FI_PEEK|FI_CLAIM`, by the context of the claim.
     claimed: HashMap<usize, Arrived>,
@@ -419,13 +441,28 @@ pub(crate) fn open(
         Err(e) => return -e,
     };
     let layout = *channel.layout();
-    let slot_len = cfg.max_msg_size + if rdm { rdm::SLOT_EXTRA } else { 0 };
+    let slot_len = slot_len(&cfg, rdm);
     let msg = slot_len as u64;
-    let slots = (layout.region_len - layout.data_offset) / msg;
-    let rx = (cfg.rx_buffers as u64).min(slots.saturating_sub(1));
-    let tx = (cfg.tx_buffers as u64).min(slots.saturating_sub(rx));
+    let (rx, tx) = buffers(&cfg, rdm, layout.region_len - layout.data_offset);
     if rx == 0 || tx == 0 {
         log::warn!("svnic provider: the channel's data area holds no bounce and staging buffers");
+        let _ = d.guest.destroy_channel(channel, CONTROL_TIMEOUT);
+        return -FI_ENOMEM;
+    }
+    // fi_getinfo advertised rdm_max_msg_size (from the configured region): an endpoint with
+    // fewer staging slots than its parts need is refused rather than offering less.
+    let max_msg = if rdm {
+        rdm_max_msg_size(&cfg)
+    } else {
+        cfg.max_msg_size
+    };
+    if rdm && cfg.max_msg_size * rdm::MAX_PARTS.min(tx as usize) < max_msg {
+        log::warn!(
+            "svnic provider: the channel's data area holds {tx} staging buffers of {msg} bytes, \
+             fewer than the {} parts of max_msg_size {max_msg} (lower FI_SVNIC_MAX_MSG_SIZE, \
+             FI_SVNIC_RX_BUFFERS or FI_SVNIC_TX_BUFFERS)",
+            max_msg.div_ceil(cfg.max_msg_size)
+        );
         let _ = d.guest.destroy_channel(channel, CONTROL_TIMEOUT);
         return -FI_ENOMEM;
     }
@@ -498,12 +535,7 @@ pub(crate) fn open(
         inner: Arc::new(EpInner {
             domain: d,
             waiter,
-            // An RDM message may travel in parts, each with a staging slot.
-            max_msg: if rdm {
-                cfg.max_msg_size * rdm::MAX_PARTS.min(tx as usize)
-            } else {
-                cfg.max_msg_size
-            },
+            max_msg,
             inject_max: if rdm {
                 INJECT_SIZE - rdm::HEADER_MAX
             } else {
@@ -516,6 +548,30 @@ pub(crate) fn open(
     // SAFETY: checked non-NULL.
     unsafe { hand_out(out, ep) };
     0
+}
+
+/// Bytes of each bounce buffer and staging slot: `max_msg_size`, plus room for the RDM header.
+fn slot_len(cfg: &Config, rdm: bool) -> usize {
+    cfg.max_msg_size + if rdm { rdm::SLOT_EXTRA } else { 0 }
+}
+
+/// The bounce buffers and staging slots an endpoint has in a data area of `data_len` bytes:
+/// as many of the configured ones as fit, bounce buffers first (and room for one staging slot).
+fn buffers(cfg: &Config, rdm: bool, data_len: u64) -> (u64, u64) {
+    let slots = data_len / slot_len(cfg, rdm) as u64;
+    let rx = (cfg.rx_buffers as u64).min(slots.saturating_sub(1));
+    let tx = (cfg.tx_buffers as u64).min(slots.saturating_sub(rx));
+    (rx, tx)
+}
+
+/// The RDM `max_msg_size`, which `fi_getinfo` advertises and every RDM endpoint offers: a part
+/// of `max_msg_size` bytes per staging slot, at most [`rdm::MAX_PARTS`], with the staging slots
+/// that fit in the channel region the configuration asks for.
+pub(crate) fn rdm_max_msg_size(cfg: &Config) -> usize {
+    let data_len =
+        ChannelLayout::new(crate::config::RING_SIZE, cfg.region_len()).map_or(0, |l| l.data_len());
+    let (_, tx) = buffers(cfg, true, data_len);
+    cfg.max_msg_size * rdm::MAX_PARTS.min(tx as usize).max(1)
 }
 
 /// Copies `src` into the application's segments; returns the bytes copied.
@@ -648,9 +704,11 @@ impl EpInner {
                 let mut due = Vec::new();
                 s.order.expire(Instant::now(), GAP_WAIT, &mut due);
                 for a in due {
+                    s.unhold(&a);
                     s.arrived_or_part(a);
                 }
             }
+            s.expire_assemblies(Instant::now());
         }
         s.progress();
     }
@@ -796,11 +854,9 @@ impl EpState {
         let mut msgs = std::mem::take(&mut self.scratch);
         for _ in 0..16 {
             msgs.clear();
-            if self.rdm
-                && (self.unexpected.len() >= UNEXPECTED_MAX
-                    || self.unexpected_bytes >= UNEXPECTED_BYTES)
-            {
-                // Backpressure: the engine holds the senders until receives are posted.
+            if self.rdm && self.unexpected.len() >= UNEXPECTED_RING_STOP {
+                // Backpressure on inline messages: the engine holds the senders (and this
+                // endpoint's completions wait) until receives are posted.
                 break;
             }
             let Some(ch) = self.channel.as_mut() else {
@@ -831,7 +887,12 @@ impl EpState {
         let Some(timeout) = self.peer_timeout else {
             return;
         };
-        if self.recvs.is_empty() || self.peers.is_empty() || self.last_rx.elapsed() < timeout {
+        let waiting = !self.recvs.is_empty()
+            || self
+                .assembling
+                .values()
+                .any(|m| matches!(m.sink, Sink::Posted { .. }));
+        if !waiting || self.peers.is_empty() || self.last_rx.elapsed() < timeout {
             return;
         }
         self.last_rx = Instant::now();
@@ -842,8 +903,7 @@ impl EpState {
             .map(|(a, _)| *a)
             .collect();
         for peer in idle {
-            let cookie = PROBE_TAG | self.next_cookie;
-            self.next_cookie = (self.next_cookie + 1) & !(BOUNCE_TAG | PROBE_TAG);
+            let cookie = PROBE_TAG | self.take_cookie();
             let Some(ch) = self.channel.as_mut() else {
                 return;
             };
@@ -871,13 +931,7 @@ impl EpState {
         else {
             return;
         };
-        let gone = matches!(
-            c.status,
-            CompletionStatus::NoRoute
-                | CompletionStatus::DestinationGone
-                | CompletionStatus::DestinationFaulted
-        );
-        if !gone {
+        if !peer_gone(c.status) {
             self.peers.insert(peer, None);
             return;
         }
@@ -888,8 +942,11 @@ impl EpState {
             return;
         };
         if let Some(m) = self.assembling.remove(&peer) {
-            if let Sink::Posted { r, .. } = m.sink {
-                self.fail_recv(&r, err, c_int::from(c.status.code()));
+            match m.sink {
+                Sink::Posted { r, .. } => self.fail_recv(&r, err, c_int::from(c.status.code())),
+                Sink::Heap(v) => {
+                    self.unexpected_bytes = self.unexpected_bytes.saturating_sub(v.len())
+                }
             }
         }
         let directed = self.recvs.iter().any(|r| r.want.src == Some(peer));
@@ -957,7 +1014,8 @@ impl EpState {
                     && self.bounces.get(idx) == Some(&d.data.offset)
                     && len <= self.slot_len;
                 if !ok {
-                    log::warn!("svnic provider: DMA-data into an unknown buffer ignored: {d:?}");
+                    crate::stats::PEER_MESSAGES_IGNORED.bump();
+                    warn_limited!("svnic provider: DMA-data into an unknown buffer ignored: {d:?}");
                     return;
                 }
                 let Some((hdr, start)) = self.header(d.peer, |s| s.bounce_header(idx, len)) else {
@@ -999,7 +1057,8 @@ impl EpState {
         }
         let found = read(self);
         if found.is_none() {
-            log::warn!("svnic provider: message without RDM header from {peer} ignored");
+            crate::stats::PEER_MESSAGES_IGNORED.bump();
+            warn_limited!("svnic provider: message without RDM header from {peer} ignored");
         }
         found
     }
@@ -1102,12 +1161,24 @@ impl EpState {
                 b @ Body::Bounce { .. } => Body::Heap(self.take_bytes(b)),
                 b => b,
             };
+            if let Body::Heap(v) = &body {
+                self.unexpected_bytes += v.len();
+            }
             Some(Arrived { body, ..a })
         };
         let mut due = Vec::new();
         self.order.arrive(src, seq, item, &mut due);
         for a in due {
+            self.unhold(&a);
             self.arrived_or_part(a);
+        }
+    }
+
+    /// A message handed on by [`EpState::order`]: a copy it kept aside is no longer counted
+    /// there (the unexpected queue counts it again if it goes there).
+    fn unhold(&mut self, a: &Arrived) {
+        if let Body::Heap(v) = &a.body {
+            self.unexpected_bytes = self.unexpected_bytes.saturating_sub(v.len());
         }
     }
 
@@ -1125,7 +1196,16 @@ impl EpState {
                 // No sender can send more (8 parts of the largest message size); a peer that
                 // says so is not believed, and nothing is held or allocated for it.
                 if total > (rdm::MAX_PARTS * crate::config::LARGEST_MAX_MSG_SIZE) as u64 {
-                    log::warn!("svnic provider: a message of {total} bytes from {src} refused");
+                    crate::stats::PARTS_ABANDONED.bump();
+                    warn_limited!("svnic provider: a message of {total} bytes from {src} refused");
+                    return;
+                }
+                if self.assembling.len() >= ASSEMBLING_MAX {
+                    crate::stats::PARTS_ABANDONED.bump();
+                    warn_limited!(
+                        "svnic provider: a message in parts from {src} refused: \
+                         {ASSEMBLING_MAX} senders' messages in parts are being assembled"
+                    );
                     return;
                 }
                 let hdr = Header {
@@ -1146,54 +1226,78 @@ impl EpState {
                     total: total as usize,
                     got: 0,
                     sink,
+                    since: Instant::now(),
                 };
                 self.add_part(src, m, &bytes);
             }
             (None, Some(offset)) => match self.assembling.remove(&src) {
                 Some(m) if m.got as u64 == offset => self.add_part(src, m, &bytes),
                 Some(m) => self.abandon(m, src, "a part out of order (a retried send)"),
-                None => log::warn!("svnic provider: a part of an unknown message from {src}"),
+                None => {
+                    crate::stats::PEER_MESSAGES_IGNORED.bump();
+                    warn_limited!("svnic provider: a part of an unknown message from {src}");
+                }
             },
             _ => {}
         }
     }
 
-    /// Adds the next part's bytes to a message in parts; delivers it when complete.
+    /// Adds the next part's bytes to a message in parts; delivers it when complete. A part
+    /// that would take the message past its announced length abandons it.
     fn add_part(&mut self, src: ChannelAddr, mut m: Assembly, bytes: &[u8]) {
+        if m.got.saturating_add(bytes.len()) > m.total {
+            return self.abandon(m, src, "a part beyond the message's length");
+        }
         match &mut m.sink {
             // SAFETY: the application owns the posted buffers until their completion.
             Sink::Posted { r, copied } => *copied += unsafe { scatter_at(&r.segs, m.got, bytes) },
-            Sink::Heap(v) => v.extend_from_slice(bytes),
+            Sink::Heap(v) => {
+                v.extend_from_slice(bytes);
+                self.unexpected_bytes += bytes.len();
+            }
         }
         m.got += bytes.len();
         if m.got < m.total {
+            m.since = Instant::now();
             self.assembling.insert(src, m);
             return;
         }
         match m.sink {
-            Sink::Posted { r, copied } => {
-                let cap = r.capacity();
-                let err = (m.total > cap).then(|| ErrInfo {
-                    err: FI_ETRUNC,
-                    prov_errno: PROV_TRUNCATED,
-                    olen: m.total - cap,
-                });
-                let first = r.segs.first().map_or(0, |s| s.0);
-                self.complete_recv(&r, copied, first, m.hdr, err);
+            Sink::Posted { r, copied } => self.complete_into(&r, copied, m.total, m.hdr),
+            Sink::Heap(v) => {
+                self.unexpected_bytes = self.unexpected_bytes.saturating_sub(v.len());
+                self.arrived(Arrived {
+                    src,
+                    hdr: m.hdr,
+                    body: Body::Heap(v),
+                })
             }
-            Sink::Heap(v) => self.arrived(Arrived {
-                src,
-                hdr: m.hdr,
-                body: Body::Heap(v),
-            }),
         }
     }
 
     /// Gives up a message in parts from `src`: its receive, if it has one, fails.
     fn abandon(&mut self, m: Assembly, src: ChannelAddr, why: &str) {
-        log::warn!("svnic provider: message in parts from {src} abandoned: {why}");
-        if let Sink::Posted { r, .. } = m.sink {
-            self.fail_recv(&r, FI_EIO, PROV_PARTS);
+        crate::stats::PARTS_ABANDONED.bump();
+        warn_limited!("svnic provider: message in parts from {src} abandoned: {why}");
+        match m.sink {
+            Sink::Posted { r, .. } => self.fail_recv(&r, FI_EIO, PROV_PARTS),
+            Sink::Heap(v) => self.unexpected_bytes = self.unexpected_bytes.saturating_sub(v.len()),
+        }
+    }
+
+    /// Abandons the messages in parts whose next part has not come for [`GAP_WAIT`] (a sender
+    /// that stopped, or whose later parts failed without a later message following).
+    fn expire_assemblies(&mut self, now: Instant) {
+        let stale: Vec<ChannelAddr> = self
+            .assembling
+            .iter()
+            .filter(|(_, m)| now.saturating_duration_since(m.since) >= GAP_WAIT)
+            .map(|(a, _)| *a)
+            .collect();
+        for src in stale {
+            if let Some(m) = self.assembling.remove(&src) {
+                self.abandon(m, src, "its next part did not come");
+            }
         }
     }
 
@@ -1210,7 +1314,9 @@ impl EpState {
         }
         match a.body {
             Body::Bounce { len, .. }
-                if self.rdm && self.unexpected_bytes + len <= UNEXPECTED_BYTES =>
+                if self.rdm
+                    && self.unexpected.len() < UNEXPECTED_MAX
+                    && self.unexpected_bytes + len <= UNEXPECTED_BYTES =>
             {
                 // Copied out, so that the bounce buffer takes the next message.
                 let v = self.take_bytes(a.body);
@@ -1236,7 +1342,7 @@ impl EpState {
     fn take_unexpected(&mut self, i: usize) -> Option<Arrived> {
         let a = self.unexpected.remove(i)?;
         if let Body::Heap(v) = &a.body {
-            self.unexpected_bytes -= v.len();
+            self.unexpected_bytes = self.unexpected_bytes.saturating_sub(v.len());
         }
         Some(a)
     }
@@ -1327,7 +1433,6 @@ impl EpState {
 
     /// Copies an arrived message into a posted receive and writes its completion.
     fn deliver(&mut self, r: PostedRecv, a: Arrived) {
-        let cap = r.capacity();
         let len = a.body.len();
         let copied = match &a.body {
             // SAFETY: the application owns the posted buffers until their completion.
@@ -1340,13 +1445,20 @@ impl EpState {
                 done
             }
         };
+        self.complete_into(&r, copied, len, a.hdr);
+    }
+
+    /// Writes the completion of receive `r` that took `copied` bytes of a `len`-byte message
+    /// with header `hdr` (`FI_ETRUNC` if it was longer than the receive).
+    fn complete_into(&self, r: &PostedRecv, copied: usize, len: usize, hdr: Header) {
+        let cap = r.capacity();
         let first = r.segs.first().map_or(0, |s| s.0);
         let err = (len > cap).then(|| ErrInfo {
             err: FI_ETRUNC,
             prov_errno: PROV_TRUNCATED,
             olen: len - cap,
         });
-        self.complete_recv(&r, copied, first, a.hdr, err);
+        self.complete_recv(r, copied, first, hdr, err);
     }
 
     /// Sends `data` (the RDM header and the payload) as `op` says.
@@ -1372,7 +1484,7 @@ impl EpState {
                 return Err(FI_EAGAIN);
             }
         }
-        let seq = self.rdm.then(|| self.seq_ref(peer, 0));
+        let seq = self.rdm.then(|| self.seq_ref(peer));
         if let Some(r) = seq {
             rdm::stamp_seq(data, r.n as u32);
         }
@@ -1394,8 +1506,7 @@ impl EpState {
             }
             Payload::Staged(slot, data.len())
         };
-        let cookie = self.next_cookie;
-        self.next_cookie = (self.next_cookie + 1) & !(BOUNCE_TAG | PROBE_TAG);
+        let cookie = self.take_cookie();
         let selective = self.tx_selective;
         let report = reports(op.report, selective, self.tx_op_flags);
         let p = PendingSend {
@@ -1413,9 +1524,7 @@ impl EpState {
         match self.transmit(cookie, &p) {
             Ok(true) => {
                 self.seq_taken(peer, seq);
-                if self.peers.len() < MAX_PEERS {
-                    self.peers.entry(peer).or_insert(None);
-                }
+                self.remember_peer(peer);
                 self.pending.insert(cookie, p);
                 self.flush();
                 Ok(())
@@ -1472,7 +1581,7 @@ impl EpState {
         let report = reports(op.report, selective, self.tx_op_flags);
         for (k, chunk) in payload.chunks(self.part_len).enumerate() {
             // Every part has its own number: the receiver gets them back in order.
-            let seq = self.seq_ref(peer, 0);
+            let seq = self.seq_ref(peer);
             let h = match k {
                 0 => Header {
                     total: Some(payload.len() as u64),
@@ -1496,8 +1605,7 @@ impl EpState {
                 self.fail(&e);
                 return Err(FI_EIO);
             }
-            let cookie = self.next_cookie;
-            self.next_cookie = (self.next_cookie + 1) & !(BOUNCE_TAG | PROBE_TAG);
+            let cookie = self.take_cookie();
             let p = PendingSend {
                 ctx: op.ctx,
                 report,
@@ -1523,9 +1631,7 @@ impl EpState {
             }
             self.pending.insert(cookie, p);
         }
-        if self.peers.len() < MAX_PEERS {
-            self.peers.entry(peer).or_insert(None);
-        }
+        self.remember_peer(peer);
         self.flush();
         Ok(())
     }
@@ -1550,7 +1656,7 @@ impl EpState {
 
     fn send_done(&mut self, c: Completion) {
         let Some(mut p) = self.pending.remove(&c.cookie) else {
-            log::warn!(
+            warn_limited!(
                 "svnic provider: completion for an unknown send {:#x}",
                 c.cookie
             );
@@ -1576,6 +1682,7 @@ impl EpState {
         };
         match outcome {
             SendOutcome::Retry => {
+                crate::stats::SEND_RETRIES.bump();
                 p.retries += 1;
                 self.pending.insert(c.cookie, p);
                 self.deferred.push_back(c.cookie);
@@ -1587,12 +1694,26 @@ impl EpState {
         }
     }
 
-    /// The next sequence number to `peer` plus `k` (taken by [`EpState::seq_taken`]).
-    fn seq_ref(&mut self, peer: ChannelAddr, k: u64) -> SeqRef {
+    /// The next sequence number to `peer` (taken by [`EpState::seq_taken`]).
+    fn seq_ref(&mut self, peer: ChannelAddr) -> SeqRef {
         let q = self.seqs.entry(peer).or_default();
         SeqRef {
             epoch: q.epoch,
-            n: q.next + k,
+            n: q.next,
+        }
+    }
+
+    /// A cookie for a send or probe: never one with [`BOUNCE_TAG`] or [`PROBE_TAG`] set.
+    fn take_cookie(&mut self) -> u64 {
+        let cookie = self.next_cookie;
+        self.next_cookie = (self.next_cookie + 1) & !(BOUNCE_TAG | PROBE_TAG);
+        cookie
+    }
+
+    /// Remembers `peer` for probing (at most [`MAX_PEERS`]).
+    fn remember_peer(&mut self, peer: ChannelAddr) {
+        if self.peers.len() < MAX_PEERS {
+            self.peers.entry(peer).or_insert(None);
         }
     }
 
@@ -1615,14 +1736,13 @@ impl EpState {
         let Some(r) = p.seq else {
             return;
         };
-        let gone = matches!(
-            status,
-            CompletionStatus::NoRoute
-                | CompletionStatus::DestinationGone
-                | CompletionStatus::DestinationFaulted
-        );
-        if gone {
-            return self.restart_numbering(p.dest);
+        if peer_gone(status) {
+            // Only a send of the current numbering restarts it: the other sends in flight
+            // of a numbering already restarted fail the same way.
+            if self.seqs.get(&p.dest).is_some_and(|q| q.epoch == r.epoch) {
+                self.restart_numbering(p.dest);
+            }
+            return;
         }
         let current = self
             .seqs
@@ -1633,7 +1753,7 @@ impl EpState {
         }
         if status == CompletionStatus::Ok || p.marker {
             if status != CompletionStatus::Ok {
-                log::warn!(
+                warn_limited!(
                     "svnic provider: skip marker {} to {} failed: {status}",
                     r.n,
                     p.dest
@@ -1664,8 +1784,7 @@ impl EpState {
             seq: Some(r),
             marker: true,
         };
-        let cookie = self.next_cookie;
-        self.next_cookie = (self.next_cookie + 1) & !(BOUNCE_TAG | PROBE_TAG);
+        let cookie = self.take_cookie();
         self.pending.insert(cookie, marker);
         self.deferred.push_back(cookie);
     }
@@ -1681,6 +1800,7 @@ impl EpState {
         let mut due = Vec::new();
         self.order.forget(peer, &mut due);
         for a in due {
+            self.unhold(&a);
             self.arrived_or_part(a);
         }
     }
@@ -1778,8 +1898,11 @@ impl EpState {
         }
         let mut recvs: Vec<PostedRecv> = self.recvs.drain(..).collect();
         for (_, m) in self.assembling.drain() {
-            if let Sink::Posted { r, .. } = m.sink {
-                recvs.push(r);
+            match m.sink {
+                Sink::Posted { r, .. } => recvs.push(r),
+                Sink::Heap(v) => {
+                    self.unexpected_bytes = self.unexpected_bytes.saturating_sub(v.len())
+                }
             }
         }
         for r in &recvs {
@@ -1822,21 +1945,47 @@ impl EpState {
         Ok(())
     }
 
+    /// Cancels the posted receive with context `ctx`, waiting in the queue or taking a
+    /// message in parts (whose later parts are then ignored).
     fn cancel(&mut self, ctx: usize) -> Result<(), c_int> {
-        let pos = self
+        if let Some(r) = self
             .recvs
             .iter()
             .position(|r| r.ctx == ctx)
+            .and_then(|i| self.recvs.remove(i))
+        {
+            self.fail_recv(&r, FI_ECANCELED, PROV_CANCELED);
+            return Ok(());
+        }
+        let src = self
+            .assembling
+            .iter()
+            .find(|(_, m)| matches!(&m.sink, Sink::Posted { r, .. } if r.ctx == ctx))
+            .map(|(a, _)| *a)
             .ok_or(FI_ENOENT)?;
-        let Some(r) = self.recvs.remove(pos) else {
-            return Err(FI_ENOENT);
-        };
-        self.fail_recv(&r, FI_ECANCELED, PROV_CANCELED);
+        if let Some(Assembly {
+            sink: Sink::Posted { r, .. },
+            ..
+        }) = self.assembling.remove(&src)
+        {
+            self.fail_recv(&r, FI_ECANCELED, PROV_CANCELED);
+        }
         Ok(())
     }
 }
 
 const EINVAL: isize = -(FI_EINVAL as isize);
+
+/// Whether a completion status says the peer is gone (its numbering starts over, a probe
+/// fails the receives waiting for it).
+fn peer_gone(status: CompletionStatus) -> bool {
+    matches!(
+        status,
+        CompletionStatus::NoRoute
+            | CompletionStatus::DestinationGone
+            | CompletionStatus::DestinationFaulted
+    )
+}
 
 /// How long closing an endpoint waits for the engine to take the messages still in its TX ring.
 const CLOSE_LINGER: Duration = Duration::from_secs(1);

@@ -204,7 +204,11 @@ impl Defaults {
             caps: if rdm { RDM_CAPS } else { CAPS },
             protocol: PROTOCOL,
             // An RDM message may travel in parts of a bounce buffer each.
-            max_msg_size: cfg.max_msg_size * if rdm { crate::rdm::MAX_PARTS } else { 1 },
+            max_msg_size: if rdm {
+                crate::ep::rdm_max_msg_size(cfg)
+            } else {
+                cfg.max_msg_size
+            },
             av_type: FI_AV_UNSPEC,
             threading: FI_THREAD_SAFE,
             tx_op_flags: 0,

@@ -1,18 +1,21 @@
 //! # libsvnic-fi.so: a libfabric 1.17 provider over svnic channels
 //!
 //! libfabric `dlopen`s this library from `FI_PROVIDER_PATH` and calls [`fi_prov_ini`]; the
-//! provider it returns is named `svnic` and offers one endpoint type, `FI_EP_DGRAM` with
-//! `FI_MSG`: every endpoint is one svnic channel, of a host-process guest (the vhost-user socket
-//! named by `FI_SVNIC_SOCKET`) or, inside a VM, of the guest whose agent (`svnic-guestd`, socket
-//! `FI_SVNIC_AGENT` or its default) creates it for this unprivileged process. docs/libfabric.md
-//! lists capabilities, attributes and variables.
+//! provider it returns is named `svnic` and offers two endpoint types: `FI_EP_RDM` with
+//! `FI_MSG`, `FI_TAGGED`, `FI_DIRECTED_RECV` and remote CQ data (messages in order per sender,
+//! in parts beyond a bounce buffer: [`rdm`]), and `FI_EP_DGRAM` with `FI_MSG` (which libfabric's
+//! `ofi_rxd` may layer RDM on with `FI_SVNIC_RXD=1`). Every endpoint is one svnic channel, of a
+//! host-process guest (the vhost-user socket named by `FI_SVNIC_SOCKET`) or, inside a VM, of
+//! the guest whose agent (`svnic-guestd`, socket `FI_SVNIC_AGENT` or its default) creates it for
+//! this unprivileged process. docs/libfabric.md lists capabilities, attributes and variables.
 //!
 //! - [`ffi`]: the C structs and operation tables, mirrored by hand with layout assertions;
 //! - [`info`]: `fi_getinfo` (hints matching, `fi_info` lists allocated with libc);
 //! - [`addr`]: the provider address, (MAC, endpoint) as 16 canonical bytes;
 //! - [`fabric`], [`domain`] (with memory registration), [`av`], [`cq`], [`eq`], [`ep`]: one
 //!   module per object; [`attach`]: how a domain reaches svnic (either mode);
-//! - [`config`]: the environment variables; [`errors`]: svnic statuses as libfabric errors.
+//! - [`config`]: the environment variables; [`errors`]: svnic statuses as libfabric errors;
+//!   [`stats`]: counters of what the provider did on its own, and the limit on log lines.
 //!
 //! Every `extern "C"` entry point runs its body under [`guard`] (a panic becomes `-FI_EOTHER`,
 //! never an unwind into C), checks every pointer it is given, and recognises the objects it
@@ -59,6 +62,7 @@ pub mod fabric;
 pub mod ffi;
 pub mod info;
 pub mod rdm;
+pub mod stats;
 pub mod wait;
 
 use std::cell::UnsafeCell;

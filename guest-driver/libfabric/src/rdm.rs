@@ -48,6 +48,9 @@ pub const PART_HEADER_MAX: usize = 29;
 pub const WINDOW: u64 = 64;
 /// Messages a receiver keeps aside (arrived ahead of a missing one) from all senders together.
 pub const HELD_MAX: usize = 256;
+/// Senders a receiver keeps the numbering of; beyond, the one heard from least recently that
+/// has nothing kept aside is forgotten (its numbering starts over at 0 for this receiver).
+pub const SOURCES_MAX: usize = 4096;
 /// Parts a message may have at most: `max_msg_size` of the RDM endpoint is this many times the
 /// bounce buffers' size (an endpoint needs a staging slot per part: it has 14 with the defaults).
 pub const MAX_PARTS: usize = 8;
@@ -155,13 +158,17 @@ impl Header {
 /// not waited for any longer: what it has kept aside is handed on now, in number order, and the
 /// next expected number is the one after the highest (its missing messages, should they still
 /// come, are handed on when they come, late: nothing is lost and no sender stalls the others).
-/// A number behind the expected one is handed on at once (late); number 0 behind it means the
-/// sender began again (a new endpoint at the same address, or its peer state reset): its
-/// numbering starts over.
+/// When [`HELD_MAX`] is reached, the sender holding the most is the one given up (so that
+/// senders holding many cannot make this receiver give up those holding few). A number behind
+/// the expected one is handed on at once (late); number 0 behind it means the sender began
+/// again (a new endpoint at the same address, or its peer state reset): its numbering starts
+/// over. At most [`SOURCES_MAX`] senders are remembered.
 #[derive(Debug)]
 pub struct Reorder<T> {
     sources: HashMap<ChannelAddr, Source<T>>,
     held: usize,
+    /// Arrivals so far: the clock of [`Source::seen`].
+    tick: u64,
     /// Times a sender was given up waiting for (a bound exceeded).
     pub given_up: u64,
     /// Messages handed on after later ones of their sender.
@@ -175,6 +182,8 @@ struct Source<T> {
     expected: u32,
     held: BTreeMap<u32, Option<T>>,
     since: Option<std::time::Instant>,
+    /// [`Reorder::tick`] of its last arrival.
+    seen: u64,
 }
 
 impl<T> Default for Reorder<T> {
@@ -182,6 +191,7 @@ impl<T> Default for Reorder<T> {
         Reorder {
             sources: HashMap::new(),
             held: 0,
+            tick: 0,
             given_up: 0,
             late: 0,
         }
@@ -201,14 +211,20 @@ impl<T> Reorder<T> {
     }
 
     /// Message `seq` from `src` arrived (`None`: a skip marker); pushes onto `out` the messages
-    /// of `src` now due, in order.
+    /// now due (those of `src`, and those of a sender given up to make room), in order per sender.
     pub fn arrive(&mut self, src: ChannelAddr, seq: u32, item: Option<T>, out: &mut Vec<T>) {
-        let total = self.held;
+        self.tick += 1;
+        if !self.sources.contains_key(&src) && self.sources.len() >= SOURCES_MAX {
+            self.forget_idlest();
+        }
+        let tick = self.tick;
         let s = self.sources.entry(src).or_insert_with(|| Source {
             expected: 0,
             held: BTreeMap::new(),
             since: None,
+            seen: tick,
         });
+        s.seen = tick;
         let ahead = seq.wrapping_sub(s.expected);
         if ahead == 0 {
             out.extend(item);
@@ -229,22 +245,38 @@ impl<T> Reorder<T> {
                 s.expected = 1;
             } else {
                 self.late += 1;
+                crate::stats::REORDER_LATE.bump();
             }
             out.extend(item);
             return;
         }
         let fresh = !s.held.contains_key(&seq);
-        if u64::from(ahead) < WINDOW && total < HELD_MAX && fresh {
+        let mine = s.held.len();
+        if u64::from(ahead) < WINDOW && fresh && self.held >= HELD_MAX {
+            // Room is made by giving up the sender holding the most, unless that is `src`.
+            let victim = self
+                .sources
+                .iter()
+                .filter(|(a, v)| **a != src && v.held.len() > mine)
+                .max_by_key(|(_, v)| v.held.len())
+                .map(|(a, _)| *a);
+            if let Some(v) = victim {
+                if let Some(vs) = self.sources.get_mut(&v) {
+                    self.held = self.held.saturating_sub(vs.held.len());
+                    Self::give_up(vs, v, seq, out);
+                    self.given_up += 1;
+                }
+            }
+        }
+        let Some(s) = self.sources.get_mut(&src) else {
+            return;
+        };
+        if u64::from(ahead) < WINDOW && self.held < HELD_MAX && fresh {
             s.held.insert(seq, item);
             s.since.get_or_insert_with(std::time::Instant::now);
             self.held += 1;
             return;
         }
-        log::warn!(
-            "svnic provider: gave up waiting for message {} from {src} (message {seq} arrived, {} kept aside)",
-            s.expected,
-            s.held.len()
-        );
         self.given_up += 1;
         self.held = self.held.saturating_sub(s.held.len());
         if fresh {
@@ -252,7 +284,33 @@ impl<T> Reorder<T> {
         } else {
             out.extend(item);
         }
+        Self::give_up(s, src, seq, out);
+    }
+
+    /// Stops waiting for sender `src` (`s`) on the arrival of message `seq` (of any sender):
+    /// logged, counted, and what it kept aside handed on.
+    fn give_up(s: &mut Source<T>, src: ChannelAddr, seq: u32, out: &mut Vec<T>) {
+        crate::stats::warn_limited!(
+            "svnic provider: gave up waiting for message {} from {src} (message {seq} arrived, {} kept aside)",
+            s.expected,
+            s.held.len()
+        );
+        crate::stats::REORDER_GIVEN_UP.bump();
         Self::hand_on_all(s, out);
+    }
+
+    /// Forgets the sender heard from least recently among those with nothing kept aside (at
+    /// most [`HELD_MAX`] senders hold something, fewer than [`SOURCES_MAX`]).
+    fn forget_idlest(&mut self) {
+        let idlest = self
+            .sources
+            .iter()
+            .filter(|(_, s)| s.held.is_empty())
+            .min_by_key(|(_, s)| s.seen)
+            .map(|(a, _)| *a);
+        if let Some(a) = idlest {
+            self.sources.remove(&a);
+        }
     }
 
     /// Gives up waiting for the senders whose missing messages have been awaited for `max_wait`
@@ -269,11 +327,12 @@ impl<T> Reorder<T> {
             if s.since
                 .is_some_and(|t| now.saturating_duration_since(t) >= max_wait)
             {
-                log::warn!(
+                crate::stats::warn_limited!(
                     "svnic provider: gave up waiting {max_wait:?} for message {} from {src} ({} kept aside)",
                     s.expected,
                     s.held.len()
                 );
+                crate::stats::REORDER_GIVEN_UP.bump();
                 self.given_up += 1;
                 self.held = self.held.saturating_sub(s.held.len());
                 Self::hand_on_all(s, out);
@@ -488,6 +547,7 @@ mod tests {
                 expected: u32::MAX,
                 held: BTreeMap::new(),
                 since: None,
+                seen: 0,
             },
         );
         let got = feed(&mut w, &[(3, 0, Some(1)), (3, u32::MAX, Some(0))]);
@@ -579,6 +639,51 @@ mod tests {
         r.arrive(addr(1), 5, Some(5), &mut out);
         r.forget(addr(1), &mut out);
         assert_eq!((out, r.held()), (vec![5], 0));
+    }
+
+    #[test]
+    fn reorder_gives_up_the_sender_holding_most_when_full_and_bounds_its_senders() {
+        // Senders 1..=4 hold 63 each (252 of HELD_MAX); sender 9 holds a few up to the bound.
+        let mut r = Reorder::default();
+        let mut out = Vec::new();
+        for src in 1..=4 {
+            for seq in 1..WINDOW as u32 {
+                r.arrive(addr(src), seq, Some(src * 1000 + seq), &mut out);
+            }
+        }
+        for seq in 1..=(HELD_MAX - r.held()) as u32 {
+            r.arrive(addr(9), seq, Some(9000 + seq), &mut out);
+        }
+        assert_eq!((r.held(), out.len()), (HELD_MAX, 0));
+        // Sender 9's next one is kept: one of those holding the most is given up instead.
+        r.arrive(addr(9), 5, Some(9005), &mut out);
+        assert_eq!(r.given_up, 1);
+        assert_eq!(out.len(), WINDOW as usize - 1);
+        let victim = out[0] / 1000;
+        assert!((1..=4).contains(&victim));
+        let want: Vec<u32> = (1..WINDOW as u32).map(|q| victim * 1000 + q).collect();
+        assert_eq!(out, want, "the victim's messages, in order");
+        out.clear();
+        r.arrive(addr(9), 0, Some(9000), &mut out);
+        assert_eq!(
+            out,
+            (9000..=9005).collect::<Vec<_>>(),
+            "sender 9 kept its order"
+        );
+
+        // Senders beyond SOURCES_MAX: the least recently heard one holding nothing is forgotten.
+        let mut r = Reorder::default();
+        let mut out = Vec::new();
+        r.arrive(addr(0), 1, Some(1), &mut out);
+        for src in 1..=SOURCES_MAX as u32 {
+            r.arrive(addr(src), 0, Some(0), &mut out);
+        }
+        assert_eq!(r.sources.len(), SOURCES_MAX);
+        assert!(r.sources.contains_key(&addr(0)), "it holds a message");
+        assert!(!r.sources.contains_key(&addr(1)), "the idlest is forgotten");
+        out.clear();
+        r.arrive(addr(0), 0, Some(0), &mut out);
+        assert_eq!(out, vec![0, 1]);
     }
 
     #[test]
