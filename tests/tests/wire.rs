@@ -506,6 +506,21 @@ fn spoofed_and_garbage_frames_from_the_wire_are_dropped_and_counted_and_local_tr
     .map(|n| after.get(n) - before.get(n))
     .sum();
     assert!(dropped > 1000, "garbage not counted as dropped: {after:?}");
+    // Every frame taken from the socket is accounted for in exactly one way.
+    let taken = after.get("rx_frames") - before.get("rx_frames");
+    let accounted: u64 = [
+        "rx_malformed",
+        "rx_spoofed",
+        "rx_not_local",
+        "rx_port_refused",
+        "rx_to_ports",
+        "rx_data",
+        "rx_acks",
+    ]
+    .iter()
+    .map(|n| after.get(n) - before.get(n))
+    .sum();
+    assert_eq!(accounted, taken, "{after:?}");
     assert!(
         after.get("resets_sent") > before.get("resets_sent"),
         "no well-formed bundle reached the receiving protocol: {after:?}"
