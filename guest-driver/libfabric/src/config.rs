@@ -66,6 +66,32 @@ fn var<T: std::str::FromStr + PartialOrd>(name: &str, default: T, lo: T, hi: T) 
 }
 
 impl Config {
+    /// Bytes of each bounce buffer and staging slot: `max_msg_size`, plus room for the RDM
+    /// header.
+    pub fn slot_len(&self, rdm: bool) -> usize {
+        self.max_msg_size + if rdm { crate::rdm::SLOT_EXTRA } else { 0 }
+    }
+
+    /// The bounce buffers and staging slots an endpoint has in a data area of `data_len`
+    /// bytes: as many of the configured ones as fit, bounce buffers first (and room for one
+    /// staging slot).
+    pub fn buffers(&self, rdm: bool, data_len: u64) -> (u64, u64) {
+        let slots = data_len / self.slot_len(rdm) as u64;
+        let rx = (self.rx_buffers as u64).min(slots.saturating_sub(1));
+        let tx = (self.tx_buffers as u64).min(slots.saturating_sub(rx));
+        (rx, tx)
+    }
+
+    /// The RDM `max_msg_size`, which `fi_getinfo` advertises and every RDM endpoint offers: a
+    /// part of `max_msg_size` bytes per staging slot, at most `rdm::MAX_PARTS`, with the
+    /// staging slots that fit in the channel region this configuration asks for.
+    pub fn rdm_max_msg_size(&self) -> usize {
+        let data_len = svnic_channels::layout::ChannelLayout::new(RING_SIZE, self.region_len())
+            .map_or(0, |l| l.data_len());
+        let (_, tx) = self.buffers(true, data_len);
+        self.max_msg_size * crate::rdm::MAX_PARTS.min(tx as usize).max(1)
+    }
+
     /// Reads the environment.
     pub fn from_env() -> Config {
         Config {

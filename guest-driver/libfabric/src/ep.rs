@@ -38,7 +38,7 @@
 //!   bounce buffer, are what can get there) does the endpoint stop reading it. A first part
 //!   announcing more than 8 parts of the largest message size, or a message in parts from more
 //!   than [`ASSEMBLING_MAX`] senders at once, is refused before anything is held for it; a
-//!   message in parts whose next part has not come for [`GAP_WAIT`] is abandoned (its receive,
+//!   message in parts whose next part has not come for `GAP_WAIT` is abandoned (its receive,
 //!   if it has one, fails `FI_EIO`).
 //! - Log lines that peers' messages can cause are limited to one per second per call site
 //!   ([`crate::stats`], which also counts them).
@@ -48,7 +48,7 @@ use std::os::raw::{c_int, c_void};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use svnic_channels::layout::{header, ChannelLayout};
+use svnic_channels::layout::header;
 use svnic_channels::message::INLINE_CAPACITY;
 use svnic_channels::ChannelMem;
 use svnic_channels::{ChannelAddr, Completion, CompletionStatus, DataRef, Message};
@@ -57,7 +57,6 @@ use svnic_client::{Channel, ChannelError, Completions};
 use crate::addr::{self, ADDR_LEN};
 use crate::attach::{DomainInner, CONTROL_TIMEOUT};
 use crate::av::{AvInner, SvnicAv};
-use crate::config::Config;
 use crate::cq::{CqEntry, CqInner, ErrInfo, SvnicCq};
 use crate::eq::SvnicEq;
 use crate::errors::{
@@ -441,18 +440,18 @@ pub(crate) fn open(
         Err(e) => return -e,
     };
     let layout = *channel.layout();
-    let slot_len = slot_len(&cfg, rdm);
+    let slot_len = cfg.slot_len(rdm);
     let msg = slot_len as u64;
-    let (rx, tx) = buffers(&cfg, rdm, layout.region_len - layout.data_offset);
+    let (rx, tx) = cfg.buffers(rdm, layout.region_len - layout.data_offset);
     if rx == 0 || tx == 0 {
         log::warn!("svnic provider: the channel's data area holds no bounce and staging buffers");
         let _ = d.guest.destroy_channel(channel, CONTROL_TIMEOUT);
         return -FI_ENOMEM;
     }
-    // fi_getinfo advertised rdm_max_msg_size (from the configured region): an endpoint with
+    // fi_getinfo advertised Config::rdm_max_msg_size (from the configured region): an endpoint with
     // fewer staging slots than its parts need is refused rather than offering less.
     let max_msg = if rdm {
-        rdm_max_msg_size(&cfg)
+        cfg.rdm_max_msg_size()
     } else {
         cfg.max_msg_size
     };
@@ -548,30 +547,6 @@ pub(crate) fn open(
     // SAFETY: checked non-NULL.
     unsafe { hand_out(out, ep) };
     0
-}
-
-/// Bytes of each bounce buffer and staging slot: `max_msg_size`, plus room for the RDM header.
-fn slot_len(cfg: &Config, rdm: bool) -> usize {
-    cfg.max_msg_size + if rdm { rdm::SLOT_EXTRA } else { 0 }
-}
-
-/// The bounce buffers and staging slots an endpoint has in a data area of `data_len` bytes:
-/// as many of the configured ones as fit, bounce buffers first (and room for one staging slot).
-fn buffers(cfg: &Config, rdm: bool, data_len: u64) -> (u64, u64) {
-    let slots = data_len / slot_len(cfg, rdm) as u64;
-    let rx = (cfg.rx_buffers as u64).min(slots.saturating_sub(1));
-    let tx = (cfg.tx_buffers as u64).min(slots.saturating_sub(rx));
-    (rx, tx)
-}
-
-/// The RDM `max_msg_size`, which `fi_getinfo` advertises and every RDM endpoint offers: a part
-/// of `max_msg_size` bytes per staging slot, at most [`rdm::MAX_PARTS`], with the staging slots
-/// that fit in the channel region the configuration asks for.
-pub(crate) fn rdm_max_msg_size(cfg: &Config) -> usize {
-    let data_len =
-        ChannelLayout::new(crate::config::RING_SIZE, cfg.region_len()).map_or(0, |l| l.data_len());
-    let (_, tx) = buffers(cfg, true, data_len);
-    cfg.max_msg_size * rdm::MAX_PARTS.min(tx as usize).max(1)
 }
 
 /// Copies `src` into the application's segments; returns the bytes copied.
@@ -1285,7 +1260,7 @@ impl EpState {
         }
     }
 
-    /// Abandons the messages in parts whose next part has not come for [`GAP_WAIT`] (a sender
+    /// Abandons the messages in parts whose next part has not come for `GAP_WAIT` (a sender
     /// that stopped, or whose later parts failed without a later message following).
     fn expire_assemblies(&mut self, now: Instant) {
         let stale: Vec<ChannelAddr> = self

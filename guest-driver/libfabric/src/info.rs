@@ -205,7 +205,7 @@ impl Defaults {
             protocol: PROTOCOL,
             // An RDM message may travel in parts of a bounce buffer each.
             max_msg_size: if rdm {
-                crate::ep::rdm_max_msg_size(cfg)
+                cfg.rdm_max_msg_size()
             } else {
                 cfg.max_msg_size
             },

@@ -1,7 +1,7 @@
 //! Process-wide counters of what the provider did on its own (retries, give-ups, messages it
 //! ignored), and a limit on log lines that peers can trigger.
 //!
-//! Every line a peer's messages can cause goes through [`warn_limited!`]: at most one line per
+//! Every line a peer's messages can cause goes through `warn_limited!`: at most one line per
 //! second per call site, the rest only counted here, so a hostile or broken peer cannot flood
 //! the application's stderr.
 
@@ -39,7 +39,7 @@ pub static REORDER_LATE: Counter = Counter::new();
 pub static PARTS_ABANDONED: Counter = Counter::new();
 /// Messages from peers ignored (no RDM header, an unknown buffer, an unknown part).
 pub static PEER_MESSAGES_IGNORED: Counter = Counter::new();
-/// Lines of [`warn_limited!`] not printed (the limit of one per second per call site).
+/// Lines of `warn_limited!` not printed (the limit of one per second per call site).
 pub static LOG_LINES_SUPPRESSED: Counter = Counter::new();
 
 /// Whether a rate-limited call site whose last printed line is at `last` (milliseconds since
