@@ -1,10 +1,45 @@
-//! [`counter_set!`]: a set of relaxed event counters and its snapshot, declared from one list.
+//! Counters declared from one list of names: [`counts!`], a plain set of `u64` counts, and
+//! [`counter_set!`], a set of relaxed atomic event counters with such a set as its snapshot.
+
+/// Declares, from one list of counter names (each with its documentation), a plain struct of
+/// `u64` fields (`Default`: all zero) with `NAMES` and `values()` (every counter, in the order
+/// declared) and `add()` (adds another set to this one).
+macro_rules! counts {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $Counts:ident {
+            $( $(#[$field_meta:meta])* $field:ident ),* $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        $vis struct $Counts {
+            $( $(#[$field_meta])* pub $field: u64, )*
+        }
+
+        #[allow(dead_code)]
+        impl $Counts {
+            /// Every counter's name, in the order declared.
+            pub const NAMES: &'static [&'static str] = &[$( stringify!($field) ),*];
+
+            /// Every counter's value, in the order declared.
+            pub fn values(&self) -> impl Iterator<Item = u64> {
+                [$( self.$field ),*].into_iter()
+            }
+
+            /// Adds every counter of `other` to this one.
+            pub fn add(&mut self, other: &$Counts) {
+                $( self.$field += other.$field; )*
+            }
+        }
+    };
+}
 
 /// Declares, from one list of counter names (each with its documentation), a struct of
-/// `AtomicU64` counters (`Default`: all zero; fields `pub(crate)`) and a plain snapshot struct
-/// of `u64` fields with the same names (`values()`: all of them, in order), plus `read()`,
-/// which loads each counter once with `Relaxed` ordering into a snapshot. How a counter is
-/// written (`fetch_add`, or a load and a store by its only writer) is the user's choice.
+/// `AtomicU64` counters (`Default`: all zero; fields `pub(crate)`) and its snapshot, a
+/// [`counts!`] struct with the same names, plus `read()`, which loads each counter once with
+/// `Relaxed` ordering into a snapshot. How a counter is written (`fetch_add`, or a load and a
+/// store by its only writer) is the user's choice.
 macro_rules! counter_set {
     (
         $(#[$atomic_meta:meta])*
@@ -20,20 +55,10 @@ macro_rules! counter_set {
             $( pub(crate) $field: ::std::sync::atomic::AtomicU64, )*
         }
 
-        $(#[$snapshot_meta])*
-        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-        $snapshot_vis struct $Snapshot {
-            $( $(#[$field_meta])* pub $field: u64, )*
-        }
-
-        impl $Snapshot {
-            /// Every counter's name, in the order declared.
-            #[allow(dead_code)]
-            pub const NAMES: &'static [&'static str] = &[$( stringify!($field) ),*];
-
-            /// Every counter's value, in the order declared.
-            pub fn values(&self) -> impl Iterator<Item = u64> {
-                [$( self.$field ),*].into_iter()
+        $crate::counter_set::counts! {
+            $(#[$snapshot_meta])*
+            $snapshot_vis struct $Snapshot {
+                $( $(#[$field_meta])* $field, )*
             }
         }
 
@@ -49,3 +74,4 @@ macro_rules! counter_set {
 }
 
 pub(crate) use counter_set;
+pub(crate) use counts;

@@ -6,6 +6,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use svnic_backend::admin::UplinkWorkerView;
+
 use crate::daemon_proc::{svnic_binary, GuestSpec, ScratchDir, ServeOptions, Svnic};
 use crate::netns::{veth_pair, NetNs};
 
@@ -47,6 +49,20 @@ pub struct WireHost {
     bin: PathBuf,
     dir: ScratchDir,
     ns: NetNs,
+}
+
+/// A worker's uplink counter by name (docs/wire.md §8), for tests: a name the daemon does not
+/// publish is a mistake in the test, and panics.
+pub trait UplinkCount {
+    /// The counter `name`.
+    fn get(&self, name: &str) -> u64;
+}
+
+impl UplinkCount for UplinkWorkerView {
+    fn get(&self, name: &str) -> u64 {
+        self.counter(name)
+            .unwrap_or_else(|| panic!("no uplink counter {name:?} in {self:?}"))
+    }
 }
 
 /// The MAC of guest `guest` of host `host`.

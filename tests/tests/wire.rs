@@ -11,7 +11,7 @@ use svnic_channels::{ChannelAddr, CompletionStatus, DataRef, MacAddr, Message};
 use svnic_client::{Channel, Completions};
 use svnic_host_frontend::HostGuest;
 use svnic_tests::polite_pair::{assert_round_trip, PolitePair};
-use svnic_tests::wire_fixture::{two_hosts, WireHosts, WireOptions};
+use svnic_tests::wire_fixture::{two_hosts, UplinkCount, WireHosts, WireOptions};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 const MEMORY: u64 = 64 << 20;
@@ -287,17 +287,20 @@ fn with_loss_duplication_and_reordering_every_message_arrives_once_in_order() {
         });
     }
     // The faults were real, and the protocol repaired them.
-    let w = &uplink_until(&hosts.hosts[0], |w| w[0].get("fault_dropped") > 0)[0];
-    assert!(w.get("fault_dropped") > 0, "{w:?}");
-    assert!(w.get("fault_duplicated") > 0, "{w:?}");
-    assert!(w.get("fault_reordered") > 0, "{w:?}");
-    assert!(w.get("data_retransmitted") > 0, "{w:?}");
-    let wb = &uplink_until(&hosts.hosts[1], |w| w[0].get("duplicates") > 0)[0];
-    assert!(wb.get("duplicates") + wb.get("out_of_order") > 0, "{wb:?}");
-    // The user-data, sent in bursts, crossed largely in bundles (several messages per frame).
-    assert!(wb.get("bundles_accepted") > 0, "{wb:?}");
+    let w = &uplink_until(&hosts.hosts[0], |w| w[0].get("fault.dropped") > 0)[0];
+    assert!(w.get("fault.dropped") > 0, "{w:?}");
+    assert!(w.get("fault.duplicated") > 0, "{w:?}");
+    assert!(w.get("fault.reordered") > 0, "{w:?}");
+    assert!(w.get("send.frames_retransmitted") > 0, "{w:?}");
+    let wb = &uplink_until(&hosts.hosts[1], |w| w[0].get("recv.duplicates") > 0)[0];
     assert!(
-        wb.get("frames_accepted") < wb.get("messages_delivered"),
+        wb.get("recv.duplicates") + wb.get("recv.out_of_order") > 0,
+        "{wb:?}"
+    );
+    // The user-data, sent in bursts, crossed largely in bundles (several messages per frame).
+    assert!(wb.get("recv.bundles_accepted") > 0, "{wb:?}");
+    assert!(
+        wb.get("recv.frames_accepted") < wb.get("recv.messages_delivered"),
         "{wb:?}"
     );
 }
@@ -350,8 +353,8 @@ fn a_killed_peer_engine_fails_its_senders_in_time_and_a_restarted_one_takes_traf
     // 300 messages are at most five sessions' worth (64 each), each failing one peer timeout
     // after its first unanswered frame, one after the other.
     assert!(took < Duration::from_secs(10), "took {took:?}");
-    let w = &uplink_until(&hosts.hosts[0], |w| w[0].get("peer_timeouts") > 0)[0];
-    assert!(w.get("peer_timeouts") >= 1, "{w:?}");
+    let w = &uplink_until(&hosts.hosts[0], |w| w[0].get("send.peer_timeouts") > 0)[0];
+    assert!(w.get("send.peer_timeouts") >= 1, "{w:?}");
 
     // The peer comes back: a new channel at the same address takes traffic again.
     hosts.hosts[1].restart().unwrap();
@@ -500,7 +503,7 @@ fn spoofed_and_garbage_frames_from_the_wire_are_dropped_and_counted_and_local_tr
         "rx_spoofed",
         "rx_not_local",
         "rx_no_route",
-        "invalid",
+        "recv.invalid",
     ]
     .iter()
     .map(|n| after.get(n) - before.get(n))
@@ -522,7 +525,7 @@ fn spoofed_and_garbage_frames_from_the_wire_are_dropped_and_counted_and_local_tr
     .sum();
     assert_eq!(accounted, taken, "{after:?}");
     assert!(
-        after.get("resets_sent") > before.get("resets_sent"),
+        after.get("recv.resets_sent") > before.get("recv.resets_sent"),
         "no well-formed bundle reached the receiving protocol: {after:?}"
     );
     // And the wire still carries good traffic (the local guests' sockets freed first: a guest's
@@ -596,20 +599,23 @@ fn every_frame_of_an_endpoint_is_handled_by_the_worker_serving_its_channel() {
     // Worker 0 of host B took every message of endpoints 2 and 4 (in data and bundle frames),
     // worker 1 those of 1 and 3, and no frame reached a worker that does not serve its channel.
     let w = uplink_until(&hosts.hosts[1], |w| {
-        w.iter().map(|w| w.get("messages_delivered")).sum::<u64>() >= 4 * K
+        w.iter()
+            .map(|w| w.get("recv.messages_delivered"))
+            .sum::<u64>()
+            >= 4 * K
     });
     for v in &w {
         assert_eq!(v.get("rx_off_worker"), 0, "{v:?}");
-        assert_eq!(v.get("messages_delivered"), 2 * K, "{v:?}");
-        assert!(v.get("frames_accepted") > 0, "{v:?}");
+        assert_eq!(v.get("recv.messages_delivered"), 2 * K, "{v:?}");
+        assert!(v.get("recv.frames_accepted") > 0, "{v:?}");
     }
     // And the acks came back to the worker holding each sender's session (else its messages
     // would never complete): host A's workers each completed their sender's messages.
     let wa = uplink_until(&hosts.hosts[0], |w| {
-        w.iter().all(|w| w.get("completed_ok") >= 2 * K)
+        w.iter().all(|w| w.get("send.completed_ok") >= 2 * K)
     });
     for v in &wa {
-        assert_eq!(v.get("completed_ok"), 2 * K, "{v:?}");
+        assert_eq!(v.get("send.completed_ok"), 2 * K, "{v:?}");
         assert_eq!(v.get("rx_off_worker"), 0, "{v:?}");
     }
 }
@@ -705,6 +711,9 @@ fn fi_pingpong_runs_between_hosts_over_the_provider() {
         );
     }
     // It went over the wire, through the engines' sessions.
-    let w = &uplink_until(&hosts.hosts[0], |w| w[0].get("completed_ok") > 0)[0];
-    assert!(w.get("rx_data") > 0 && w.get("completed_ok") > 0, "{w:?}");
+    let w = &uplink_until(&hosts.hosts[0], |w| w[0].get("send.completed_ok") > 0)[0];
+    assert!(
+        w.get("rx_data") > 0 && w.get("send.completed_ok") > 0,
+        "{w:?}"
+    );
 }

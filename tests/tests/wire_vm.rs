@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use svnic_backend::admin::UplinkWorkerView;
 use svnic_tests::ensure;
 use svnic_tests::vm::{find_line, or_skip, Image, Vm, VmSpec};
-use svnic_tests::wire_fixture::{guest_mac, two_hosts, WireOptions};
+use svnic_tests::wire_fixture::{guest_mac, two_hosts, UplinkCount, WireOptions};
 
 /// B waits for A's "quit" (seconds): longer than A can take, shorter than the test's deadline.
 const B_APPEND: &str = "IP=10.0.0.2/24 RUN=echo-server,wait-quit:9:150";

@@ -43,9 +43,9 @@ pub struct UplinkWorkerView {
 }
 
 impl UplinkWorkerView {
-    /// The counter `name`, 0 if there is none.
-    pub fn get(&self, name: &str) -> u64 {
-        self.counters.get(name).copied().unwrap_or(0)
+    /// The counter `name`, if there is one.
+    pub fn counter(&self, name: &str) -> Option<u64> {
+        self.counters.get(name).copied()
     }
 }
 
@@ -460,7 +460,11 @@ pub fn render(resp: &AdminResponse) -> String {
                     .iter()
                     .map(|n| {
                         let mut row = vec![n.to_string()];
-                        row.extend(workers.iter().map(|w| w.get(n).to_string()));
+                        row.extend(
+                            workers
+                                .iter()
+                                .map(|w| w.counter(n).unwrap_or(0).to_string()),
+                        );
                         row
                     })
                     .collect();

@@ -1,6 +1,7 @@
 //! The daemon: one engine, one switch, one vhost-user listener per guest, the frame handler
 //! between them, and the admin socket. `svnic serve` and `svnic demo` both run this.
 
+use crate::debug_fields::debug_fields;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
@@ -18,7 +19,7 @@ use crate::admin::{
     GuestView, PoolView, UplinkWorkerView, WorkerView,
 };
 use crate::config::DaemonConfig;
-use crate::engine::{Engine, EngineError, RunState, WireCounts};
+use crate::engine::{Engine, EngineError, RunState};
 use crate::frame_handler::{FrameHandler, FrameOut};
 use crate::net::{
     ListenerError, PortEvents, PortId, PortListener, StopSignal, Switch, SwitchConfig, SwitchError,
@@ -124,14 +125,7 @@ pub struct Daemon {
     uplink: Option<String>,
 }
 
-impl std::fmt::Debug for Daemon {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Daemon")
-            .field("guests", &self.guests.len())
-            .field("pools", &self.pools.len())
-            .finish()
-    }
-}
+debug_fields!(Daemon, |d| guests: d.guests.len(), pools: d.pools.len());
 
 impl Daemon {
     /// Starts the engine, the switch, every guest's listener and, with
@@ -443,11 +437,7 @@ impl AdminSource for DaemonView {
                     .into_iter()
                     .map(|w| UplinkWorkerView {
                         worker: w.worker,
-                        counters: WireCounts::NAMES
-                            .iter()
-                            .map(|n| n.to_string())
-                            .zip(w.counts.values())
-                            .collect(),
+                        counters: w.named().into_iter().collect(),
                     })
                     .collect(),
             },

@@ -19,6 +19,7 @@ mod vector_copy;
 mod wire;
 pub(crate) mod worker;
 
+use crate::debug_fields::debug_fields;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -109,13 +110,7 @@ pub struct Engine {
     inner: Arc<Inner>,
 }
 
-impl std::fmt::Debug for Engine {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Engine")
-            .field("workers", &self.inner.workers.len())
-            .finish()
-    }
-}
+debug_fields!(Engine, |e| workers: e.inner.workers.len());
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -173,13 +168,8 @@ impl Engine {
         }
         let mut sides = Vec::with_capacity(setups.len());
         for (w, setup) in self.inner.workers.iter().zip(setups) {
-            let side = wire::WireSide::new(
-                w.index,
-                setup,
-                w.wire_counters.clone(),
-                w.wire_published.clone(),
-            )
-            .map_err(EngineError::Uplink)?;
+            let side = wire::WireSide::new(w.index, setup, w.wire_published.clone())
+                .map_err(EngineError::Uplink)?;
             sides.push(side);
         }
         for (w, side) in self.inner.workers.iter().zip(sides) {
@@ -197,13 +187,11 @@ impl Engine {
         self.inner
             .workers
             .iter()
-            .map(|w| WireStats {
-                worker: w.index,
-                counts: w
-                    .wire_published
-                    .lock()
-                    .map(|c| *c)
-                    .unwrap_or_else(|e| *e.into_inner()),
+            .map(|w| {
+                let published = w.wire_published.lock();
+                let mut stats = published.unwrap_or_else(|e| e.into_inner()).clone();
+                stats.worker = w.index;
+                stats
             })
             .collect()
     }

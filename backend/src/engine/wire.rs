@@ -21,6 +21,7 @@
 //! the table has no slot for a new session (every one holds other channels' messages) it waits
 //! like a message for a full local destination, up to the backpressure wait.
 
+use crate::debug_fields::debug_fields;
 use std::collections::HashMap;
 use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex};
@@ -41,8 +42,9 @@ use super::remote::{Incoming, Outbound, Placement};
 use crate::counter_set::counter_set;
 use crate::uplink::packet::{PacketError, PacketSocket};
 use crate::uplink::reliable::{
-    Blocked, BundleHeader, BundleVerdict, Completed, DataHeader, FaultInjection, FaultInjector,
-    FrameOut, RecvTable, Refused, ReliableConfig, SendTable, Verdict,
+    Blocked, BundleHeader, BundleVerdict, Completed, DataHeader, FaultCounters, FaultInjection,
+    FaultInjector, FrameOut, RecvCounters, RecvTable, Refused, ReliableConfig, SendCounters,
+    SendTable, Verdict,
 };
 use crate::uplink::{Ingress, LocalPorts};
 
@@ -102,53 +104,48 @@ counter_set! {
         /// Frames the socket could not take (TX ring full after a flush): sent again later
         /// (data) or lost (acks, answers: the peer retransmits).
         tx_full,
-        /// Frames dropped by the fault injector.
-        fault_dropped,
-        /// Frames duplicated by the fault injector.
-        fault_duplicated,
-        /// Frames held back by the fault injector.
-        fault_reordered,
-        /// Data frames sent for the first time.
-        data_sent,
-        /// Data frames sent again.
-        data_retransmitted,
-        /// Retransmission timeouts.
-        timeouts,
-        /// Pauses of a session after a blocked ack (the receiver could not place the window
-        /// base).
-        pauses,
-        /// Peer timeouts (every message of a session failed PeerUnreachable).
-        peer_timeouts,
-        /// Messages completed Ok by the peer.
-        completed_ok,
-        /// Messages completed with an error.
-        completed_error,
-        /// Data frames placed into local channels.
-        frames_accepted,
-        /// Remote messages delivered into local channels.
-        messages_delivered,
-        /// Bundle frames (several small messages) taken whole.
-        bundles_accepted,
-        /// Data frames dropped as duplicates.
-        duplicates,
-        /// Data frames dropped as out of order.
-        out_of_order,
-        /// Data frames that broke their message's rules.
-        invalid,
-        /// Remote messages rejected (no buffer, ring full, destination gone...).
-        rejects,
-        /// RESETs sent.
-        resets_sent,
     }
 }
 
-/// A snapshot of one worker's uplink counters.
+/// A snapshot of one worker's uplink counters: the socket side's own and the protocol tables'.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct WireStats {
     /// Worker index.
     pub worker: usize,
-    /// Its counters.
+    /// Frames taken from and handed to the socket.
     pub counts: WireCounts,
+    /// The send table's counters.
+    pub send: SendCounters,
+    /// The receive table's counters.
+    pub recv: RecvCounters,
+    /// The fault injector's counters (all zero without one).
+    pub fault: FaultCounters,
+}
+
+impl WireStats {
+    /// Every counter with its name, for the operator: the socket side's names as declared,
+    /// then the tables' prefixed with `send.`, `recv.` and `fault.`.
+    pub fn named(&self) -> Vec<(String, u64)> {
+        fn prefixed<'a>(
+            prefix: &'a str,
+            names: &'a [&'a str],
+            values: impl Iterator<Item = u64> + 'a,
+        ) -> impl Iterator<Item = (String, u64)> + 'a {
+            names
+                .iter()
+                .map(move |n| format!("{prefix}{n}"))
+                .zip(values)
+        }
+        prefixed("", WireCounts::NAMES, self.counts.values())
+            .chain(prefixed("send.", SendCounters::NAMES, self.send.values()))
+            .chain(prefixed("recv.", RecvCounters::NAMES, self.recv.values()))
+            .chain(prefixed(
+                "fault.",
+                FaultCounters::NAMES,
+                self.fault.values(),
+            ))
+            .collect()
+    }
 }
 
 /// What a worker needs to join the uplink.
@@ -165,15 +162,7 @@ pub struct WireSetup {
     pub session_seed: u32,
 }
 
-impl std::fmt::Debug for WireSetup {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WireSetup")
-            .field("iface", &self.socket.iface())
-            .field("reliable", &self.reliable)
-            .field("fault", &self.fault)
-            .finish()
-    }
-}
+debug_fields!(WireSetup, |w| iface: w.socket.iface(), reliable: w.reliable, fault: w.fault);
 
 /// A channel a worker serves, as the uplink side needs it.
 pub(crate) trait ServedChannels {
@@ -190,9 +179,9 @@ pub(crate) struct WireSide {
     send: SendTable<Outbound>,
     recv: RecvTable<Incoming>,
     fault: Option<FaultInjector<Vec<u8>>>,
-    counters: Arc<WireCounters>,
-    /// Counters published from the protocol tables (see `publish`).
-    published: Arc<Mutex<WireCounts>>,
+    counters: WireCounters,
+    /// The counters as last published (see `publish`).
+    published: Arc<Mutex<WireStats>>,
     completions: Vec<Completed<Outbound>>,
     raw_completions: Vec<RawMessage>,
     /// The addresses of the local channels that have receiving states (acks come from them).
@@ -213,12 +202,11 @@ pub(crate) struct WireSide {
 }
 
 impl WireSide {
-    /// The uplink side of a worker; `counters` and `published` are what the engine reads.
+    /// The uplink side of a worker; it publishes its counters into `published`.
     pub fn new(
         index: usize,
         setup: WireSetup,
-        counters: Arc<WireCounters>,
-        published: Arc<Mutex<WireCounts>>,
+        published: Arc<Mutex<WireStats>>,
     ) -> Result<Self, String> {
         setup.reliable.validate()?;
         let fault = match setup.fault {
@@ -233,7 +221,7 @@ impl WireSide {
             send: SendTable::new(setup.reliable, setup.session_seed),
             recv: RecvTable::new(setup.reliable),
             fault,
-            counters,
+            counters: WireCounters::default(),
             published,
             completions: Vec::new(),
             raw_completions: Vec::new(),
@@ -349,34 +337,21 @@ impl WireSide {
         }
     }
 
-    /// Copies the protocol tables' counters out for the operator (also done every
-    /// `PUBLISH_EVERY` during passes).
+    /// Copies the counters out for the operator (also done every `PUBLISH_EVERY` during
+    /// passes).
     pub fn publish(&self) {
-        let mut c = self.counters.read();
-        let s = self.send.counters();
-        let r = self.recv.counters();
-        c.data_sent = s.frames_sent;
-        c.data_retransmitted = s.frames_retransmitted;
-        c.timeouts = s.timeouts;
-        c.pauses = s.pauses;
-        c.peer_timeouts = s.peer_timeouts;
-        c.completed_ok = s.completed_ok;
-        c.completed_error = s.completed_error;
-        c.frames_accepted = r.frames_accepted;
-        c.messages_delivered = r.messages_delivered;
-        c.bundles_accepted = r.bundles_accepted;
-        c.duplicates = r.duplicates;
-        c.out_of_order = r.out_of_order;
-        c.invalid = r.invalid;
-        c.rejects = r.rejects;
-        c.resets_sent = r.resets_sent;
-        if let Some(f) = &self.fault {
-            let f = f.counters();
-            c.fault_dropped = f.dropped;
-            c.fault_duplicated = f.duplicated;
-            c.fault_reordered = f.reordered;
-        }
-        *self.published.lock().unwrap_or_else(|e| e.into_inner()) = c;
+        let stats = WireStats {
+            worker: self.index,
+            counts: self.counters.read(),
+            send: self.send.counters(),
+            recv: self.recv.counters(),
+            fault: self
+                .fault
+                .as_ref()
+                .map(|f| *f.counters())
+                .unwrap_or_default(),
+        };
+        *self.published.lock().unwrap_or_else(|e| e.into_inner()) = stats;
     }
 
     fn receive(&mut self, routes: &RoutingSnapshot<Arc<EngineChannel>>, now: Instant) -> u64 {
@@ -625,14 +600,8 @@ fn queue(socket: &mut PacketSocket, counters: &WireCounters, frame: &[u8]) -> bo
 /// The local channel (destination MAC and endpoint) and the remote one (source MAC and
 /// endpoint) a frame from the wire is between.
 fn addresses(dst: MacAddr, src: MacAddr, dst_ep: u32, src_ep: u32) -> (ChannelAddr, ChannelAddr) {
-    let local = ChannelAddr {
-        mac: dst,
-        endpoint: dst_ep,
-    };
-    let remote = ChannelAddr {
-        mac: src,
-        endpoint: src_ep,
-    };
+    let local = ChannelAddr::new(dst, dst_ep);
+    let remote = ChannelAddr::new(src, src_ep);
     (local, remote)
 }
 

@@ -27,7 +27,7 @@ use super::config::EngineConfig;
 use super::counters::{TxTally, WorkerCounters};
 use super::deliver::{parse_tx, DestRun, Outcome, PendingWakes, Tx};
 use super::large_copy::{self, LargeCopy, Next};
-use super::wire::{ServedChannels, WireCounters, WireCounts, WireSide};
+use super::wire::{ServedChannels, WireSide, WireStats};
 use super::EngineControlPlane;
 
 pub use super::cpu::{allowed_cpus, pin_to_cpu};
@@ -47,10 +47,8 @@ pub(crate) struct WorkerHandle {
     commands: Mutex<Sender<Command>>,
     doorbell: Arc<EventFd>,
     pub counters: Arc<WorkerCounters>,
-    /// Its uplink counters, live (written by its thread).
-    pub wire_counters: Arc<WireCounters>,
-    /// Its uplink counters with the protocol's, as last published by its thread.
-    pub wire_published: Arc<Mutex<WireCounts>>,
+    /// Its uplink counters, as last published by its thread.
+    pub wire_published: Arc<Mutex<WireStats>>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -85,8 +83,7 @@ impl WorkerHandle {
             commands: Mutex::new(tx),
             doorbell,
             counters,
-            wire_counters: Arc::new(WireCounters::default()),
-            wire_published: Arc::new(Mutex::new(WireCounts::default())),
+            wire_published: Arc::new(Mutex::new(WireStats::default())),
             thread: Mutex::new(Some(thread)),
         })
     }

@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 
-use super::counters;
+use crate::counter_set::counts;
 
 /// Fractions of frames to drop, duplicate and reorder, each in `0.0..=1.0`; all zero is off.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -46,9 +46,9 @@ impl FaultInjection {
     }
 }
 
-counters! {
+counts! {
     /// What the injector did.
-    FaultCounters {
+    pub struct FaultCounters {
         /// Frames that went through the injector.
         frames,
         /// Frames dropped.

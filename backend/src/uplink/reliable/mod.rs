@@ -313,26 +313,6 @@ impl OutgoingAck {
     }
 }
 
-/// Defines a struct of `u64` counters with `add` (sums another one into it, for tables that
-/// retire sessions and for the engine's per-worker totals).
-macro_rules! counters {
-    ($(#[$m:meta])* $name:ident { $($(#[$fm:meta])* $field:ident,)* }) => {
-        $(#[$m])*
-        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-        pub struct $name {
-            $($(#[$fm])* pub $field: u64,)*
-        }
-
-        impl $name {
-            /// Adds every counter of `other` to this one.
-            pub fn add(&mut self, other: &$name) {
-                $(self.$field += other.$field;)*
-            }
-        }
-    };
-}
-pub(crate) use counters;
-
 /// Largest message the protocol carries (the frame format's limit).
 pub const MAX_MESSAGE_LEN: u32 = MAX_DATA_LEN;
 

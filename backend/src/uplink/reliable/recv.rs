@@ -8,11 +8,13 @@ use std::time::{Duration, Instant};
 use svnic_channels::frame::{AckKind, DataKind};
 use svnic_channels::{ChannelAddr, ChannelId, CompletionStatus};
 
-use super::{counters, seq_lt, BundleHeader, DataHeader, OutgoingAck, ReliableConfig, SessionKey};
+use crate::counter_set::counts;
 
-counters! {
+use super::{seq_lt, BundleHeader, DataHeader, OutgoingAck, ReliableConfig, SessionKey};
+
+counts! {
     /// What a receive table took, dropped and refused.
-    RecvCounters {
+    pub struct RecvCounters {
         /// Frames the engine placed.
         frames_accepted,
         /// Messages whose last frame (or bundle entry) the engine placed.
@@ -568,16 +570,14 @@ impl<P> RecvTable<P> {
         h: &DataHeader,
         now: Instant,
     ) -> Verdict {
+        // Only a frame that can begin a message creates a state.
+        let end = u64::from(h.frag_offset) + u64::from(h.frag_len);
+        let starts = h.frag_offset == 0
+            && end <= u64::from(h.total_len)
+            && (h.frag_len > 0 || h.total_len == 0);
         let key = (local, remote);
-        if !self.sessions.contains_key(&key) {
-            // Only a frame that can begin a message takes a slot in the table.
-            let end = u64::from(h.frag_offset) + u64::from(h.frag_len);
-            let starts = h.frag_offset == 0
-                && end <= u64::from(h.total_len)
-                && (h.frag_len > 0 || h.total_len == 0);
-            if let Err(v) = self.create(key, h.session, h.seq, starts, now) {
-                return v;
-            }
+        if let Err(v) = self.find_or_create(key, h.session, h.seq, starts, now) {
+            return v;
         }
         self.with(key, |s, abandoned| s.on_frame(h, now, abandoned))
             .unwrap_or(Verdict::Drop)
@@ -593,12 +593,10 @@ impl<P> RecvTable<P> {
         now: Instant,
     ) -> BundleVerdict {
         let key = (local, remote);
-        if !self.sessions.contains_key(&key) {
-            match self.create(key, b.session, b.seq, true, now) {
-                Ok(()) => {}
-                Err(Verdict::Reset) => return BundleVerdict::Reset,
-                Err(_) => return BundleVerdict::Drop,
-            }
+        match self.find_or_create(key, b.session, b.seq, true, now) {
+            Ok(()) => {}
+            Err(Verdict::Reset) => return BundleVerdict::Reset,
+            Err(_) => return BundleVerdict::Drop,
         }
         self.with(key, |s, abandoned| s.on_bundle(b, now, abandoned))
             .unwrap_or(BundleVerdict::Drop)
@@ -609,10 +607,11 @@ impl<P> RecvTable<P> {
         self.with((local, remote), |s, _| s.entry_accepted(now));
     }
 
-    /// Creates the state of a pair that has none, for a frame of `session` at `seq` (`starts`:
-    /// it can begin a message): only a frame 0 that can begin a message takes a slot, after an
-    /// expired state is evicted if the table is full. Otherwise what to answer (counted).
-    fn create(
+    /// Makes sure the pair has a state, for a frame of `session` at `seq` (`starts`: it can
+    /// begin a message): a pair without one gets one only for a frame 0 that can begin a
+    /// message, after an expired state is evicted if the table is full. Otherwise what to
+    /// answer (counted).
+    fn find_or_create(
         &mut self,
         key: SessionKey,
         session: u32,
@@ -620,6 +619,9 @@ impl<P> RecvTable<P> {
         starts: bool,
         now: Instant,
     ) -> Result<(), Verdict> {
+        if self.sessions.contains_key(&key) {
+            return Ok(());
+        }
         if seq != 0 {
             self.retired.resets_sent += 1;
             return Err(Verdict::Reset);

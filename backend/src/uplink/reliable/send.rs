@@ -10,11 +10,13 @@ use svnic_channels::frame::{
 use svnic_channels::{ChannelAddr, ChannelId, CompletionStatus};
 
 use super::rtt::RttEstimator;
-use super::{counters, seq_le, seq_lt, Completed, ReliableConfig, SessionKey, MAX_MESSAGE_LEN};
+use crate::counter_set::counts;
 
-counters! {
+use super::{seq_le, seq_lt, Completed, ReliableConfig, SessionKey, MAX_MESSAGE_LEN};
+
+counts! {
     /// What a send table did, dropped and refused.
-    SendCounters {
+    pub struct SendCounters {
         /// Data frames handed to the engine for the first time.
         frames_sent,
         /// Data frames handed to the engine again (go-back after a timeout or duplicate acks).

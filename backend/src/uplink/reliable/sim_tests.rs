@@ -18,14 +18,8 @@ const A_MAC: MacAddr = MacAddr([0x02, 0, 0, 0, 0, 0x0a]);
 const B_MAC: MacAddr = MacAddr([0x02, 0, 0, 0, 0, 0x0b]);
 const A_CH: ChannelId = ChannelId(1);
 const B_CH: ChannelId = ChannelId(2);
-const A_ADDR: ChannelAddr = ChannelAddr {
-    mac: A_MAC,
-    endpoint: 1,
-};
-const B_ADDR: ChannelAddr = ChannelAddr {
-    mac: B_MAC,
-    endpoint: 2,
-};
+const A_ADDR: ChannelAddr = ChannelAddr::new(A_MAC, 1);
+const B_ADDR: ChannelAddr = ChannelAddr::new(B_MAC, 2);
 const LATENCY: Duration = Duration::from_micros(10);
 /// Frames the sender's "TX ring" takes per step before it is full.
 const TX_BURST: usize = 48;
@@ -1008,10 +1002,10 @@ fn tables_stay_within_their_bounds_under_garbage() {
             let key = |r: &mut Rng| {
                 (
                     ChannelId((r.next() % 4) as u32),
-                    ChannelAddr {
-                        mac: MacAddr([2, 0, 0, 0, 0, (r.next() % 8) as u8]),
-                        endpoint: (r.next() % 2) as u32,
-                    },
+                    ChannelAddr::new(
+                        MacAddr([2, 0, 0, 0, 0, (r.next() % 8) as u8]),
+                        (r.next() % 2) as u32,
+                    ),
                 )
             };
             let (local, remote) = key(&mut rng);
@@ -1114,10 +1108,7 @@ fn tables_stay_within_their_bounds_under_garbage() {
             for l in 0..4 {
                 for m in 0..8 {
                     for e in 0..2 {
-                        let r = ChannelAddr {
-                            mac: MacAddr([2, 0, 0, 0, 0, m]),
-                            endpoint: e,
-                        };
+                        let r = ChannelAddr::new(MacAddr([2, 0, 0, 0, 0, m]), e);
                         if let Some(s) = send.session(ChannelId(l), r) {
                             assert!(s.queued() <= cfg.max_messages);
                         }
