@@ -14,6 +14,7 @@
 //! A guest decides how often every line here would be written, so per-request lines are debug
 //! and warnings go through [`log_limited!`]; [`FrameCounters`] keep the counts.
 
+use crate::debug_fields::debug_fields;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -63,13 +64,7 @@ pub struct FrameHandler {
     counters: FrameCounters,
 }
 
-impl std::fmt::Debug for FrameHandler {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FrameHandler")
-            .field("counters", &self.counters)
-            .finish()
-    }
-}
+debug_fields!(FrameHandler, |f| counters: f.counters);
 
 impl FrameHandler {
     /// A frame handler for `engine`, answering through `out`.

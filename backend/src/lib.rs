@@ -14,6 +14,7 @@ pub mod admin;
 pub mod config;
 mod counter_set;
 pub mod daemon;
+mod debug_fields;
 pub mod engine;
 pub mod frame_handler;
 pub mod net;

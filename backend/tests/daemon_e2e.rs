@@ -128,10 +128,7 @@ fn user_data_and_dma_data_between_two_host_process_guests_intact_and_in_order() 
     let (ga, gb) = (s.guest(1), s.guest(2));
     let mut a = ga.create_channel(7, 256, T).unwrap();
     let mut b = gb.create_channel(9, 256, T).unwrap();
-    let b_addr = ChannelAddr {
-        mac: mac(2),
-        endpoint: 9,
-    };
+    let b_addr = ChannelAddr::new(mac(2), 9);
     let n = 5000u64;
     let mut sent = 0;
     let mut got = Vec::new();
@@ -267,10 +264,7 @@ fn a_guest_killed_mid_traffic_is_torn_down_and_can_come_back() {
     let s = daemon(3, 50);
     let ga = s.guest(1);
     let mut a = ga.create_channel(1, 256, T).unwrap();
-    let b_addr = ChannelAddr {
-        mac: mac(2),
-        endpoint: 9,
-    };
+    let b_addr = ChannelAddr::new(mac(2), 9);
     let mut child = spawn_child(&s.sock(2));
 
     // A streams to B (which never reads: messages are held, then delivered while room lasts).
@@ -335,10 +329,7 @@ fn a_guest_killed_mid_traffic_is_torn_down_and_can_come_back() {
     let g3 = s.guest(3);
     let mut c = g3.create_channel(3, 256, T).unwrap();
     a.send_user(
-        ChannelAddr {
-            mac: mac(3),
-            endpoint: 3,
-        },
+        ChannelAddr::new(mac(3), 3),
         1,
         b"alive",
         Completions::OnError,

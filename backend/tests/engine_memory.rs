@@ -45,10 +45,7 @@ struct VhostGuest {
 
 impl VhostGuest {
     fn addr(&self, endpoint: u32) -> ChannelAddr {
-        ChannelAddr {
-            mac: self.mac,
-            endpoint,
-        }
+        ChannelAddr::new(self.mac, endpoint)
     }
 
     /// A request for a channel on `endpoint`: 64 slots, 1 MiB region at `region_addr`.

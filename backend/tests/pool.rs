@@ -22,10 +22,7 @@ use svnic_tests::wait::wait_until;
 const T: Duration = Duration::from_secs(10);
 
 fn addr(g: &HostGuest, endpoint: u32) -> ChannelAddr {
-    ChannelAddr {
-        mac: g.mac(),
-        endpoint,
-    }
+    ChannelAddr::new(g.mac(), endpoint)
 }
 
 /// Sends `n` user-data messages from `a` to `to` and checks that `b` receives them in order.
@@ -155,10 +152,7 @@ fn a_member_killed_leaves_nothing_behind_and_its_mac_is_reused() {
         (Some(child_pid), 1, true)
     );
     // The member reaches the child's channel.
-    let to_child = ChannelAddr {
-        mac: pool_mac(1),
-        endpoint: 9,
-    };
+    let to_child = ChannelAddr::new(pool_mac(1), 9);
     assert!(a
         .send_user(to_child, 1, b"hi", Completions::OnError)
         .unwrap());

@@ -228,10 +228,7 @@ pub struct CreateRequest {
 impl CreateRequest {
     /// The channel address the request asks for.
     pub fn addr(&self) -> ChannelAddr {
-        ChannelAddr {
-            mac: self.mac,
-            endpoint: self.endpoint,
-        }
+        ChannelAddr::new(self.mac, self.endpoint)
     }
 }
 

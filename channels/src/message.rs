@@ -444,10 +444,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn addr() -> impl Strategy<Value = ChannelAddr> {
-        (any::<[u8; 6]>(), any::<u32>()).prop_map(|(m, e)| ChannelAddr {
-            mac: MacAddr(m),
-            endpoint: e,
-        })
+        (any::<[u8; 6]>(), any::<u32>()).prop_map(|(m, e)| ChannelAddr::new(MacAddr(m), e))
     }
 
     fn message() -> impl Strategy<Value = Message> {
@@ -564,10 +561,7 @@ mod tests {
 
     #[test]
     fn rejects_each_kind_of_malformation() {
-        let peer = ChannelAddr {
-            mac: MacAddr([2, 0, 0, 0, 0, 1]),
-            endpoint: 7,
-        };
+        let peer = ChannelAddr::new(MacAddr([2, 0, 0, 0, 0, 1]), 7);
         let good = Message::UserData(UserData::new(peer, 9, b"hi").unwrap()).encode();
         assert!(good.decode().is_ok());
 
@@ -618,10 +612,7 @@ mod tests {
             offset: 4096,
             len: 10,
         };
-        let peer = ChannelAddr {
-            mac: MacAddr([2, 0, 0, 0, 0, 1]),
-            endpoint: 7,
-        };
+        let peer = ChannelAddr::new(MacAddr([2, 0, 0, 0, 0, 1]), 7);
         for m in [
             Message::DmaData(DmaData {
                 peer,

@@ -90,6 +90,13 @@ pub struct ChannelAddr {
     pub endpoint: EndpointId,
 }
 
+impl ChannelAddr {
+    /// The channel at `endpoint` of `mac`.
+    pub const fn new(mac: MacAddr, endpoint: EndpointId) -> Self {
+        ChannelAddr { mac, endpoint }
+    }
+}
+
 impl fmt::Display for ChannelAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.mac, self.endpoint)

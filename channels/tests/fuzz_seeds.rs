@@ -32,10 +32,7 @@ fn write(dir: &Path, target: &str, name: &str, bytes: &[u8]) {
 }
 
 fn messages() -> Vec<(&'static str, Message)> {
-    let peer = ChannelAddr {
-        mac: GUEST,
-        endpoint: 7,
-    };
+    let peer = ChannelAddr::new(GUEST, 7);
     let mut want = UserData::new(peer, 2, b"ping").unwrap();
     want.flags = FLAG_WANT_COMPLETION;
     let dma = DmaData {

@@ -260,10 +260,7 @@ mod tests {
     use super::*;
 
     fn addr(mac_last: u8, endpoint: u32) -> ChannelAddr {
-        ChannelAddr {
-            mac: MacAddr([0x52, 0x54, 0, 0, 0, mac_last]),
-            endpoint,
-        }
+        ChannelAddr::new(MacAddr([0x52, 0x54, 0, 0, 0, mac_last]), endpoint)
     }
 
     #[test]

@@ -312,13 +312,7 @@ fn remove_guest_tears_down_exactly_the_live_channels() {
     );
     assert_eq!(
         cp.routes().load().sorted(),
-        [(
-            ChannelAddr {
-                mac: MAC_B,
-                endpoint: 1
-            },
-            elsewhere
-        )]
+        [(ChannelAddr::new(MAC_B, 1), elsewhere)]
     );
     assert_eq!(cp.live_channels_of(a).len(), 2);
 

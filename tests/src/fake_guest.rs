@@ -143,10 +143,7 @@ impl FakeGuest {
 
     /// The address of this guest's channel at `endpoint`.
     pub fn addr(&self, endpoint: u32) -> ChannelAddr {
-        ChannelAddr {
-            mac: self.mac,
-            endpoint,
-        }
+        ChannelAddr::new(self.mac, endpoint)
     }
 
     /// The next free region of `len` bytes in this guest's memory.

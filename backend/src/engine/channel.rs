@@ -6,6 +6,7 @@
 //! by it, and `open == false` (set under the same lock at destroy or fault) guarantees that
 //! nobody writes into the channel's memory afterwards.
 
+use crate::debug_fields::debug_fields;
 use std::collections::VecDeque;
 use std::sync::atomic::{fence, AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -63,14 +64,7 @@ pub struct EngineChannel {
     waker: Option<Arc<dyn GuestWaker>>,
 }
 
-impl std::fmt::Debug for EngineChannel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EngineChannel")
-            .field("id", &self.id)
-            .field("addr", &self.addr)
-            .finish()
-    }
-}
+debug_fields!(EngineChannel, |e| id: e.id, addr: e.addr);
 
 /// Everything a new [`EngineChannel`] is made of.
 pub(crate) struct NewChannel {

@@ -16,6 +16,7 @@
 //!   A [`Placement`] dropped before its last fragment gives the reservation back; the buffer stays
 //!   posted and gets no RX message.
 
+use crate::debug_fields::debug_fields;
 use std::sync::Arc;
 
 use svnic_channels::frame::DataKind;
@@ -210,16 +211,7 @@ pub(crate) struct Placement {
     reserved: bool,
 }
 
-impl std::fmt::Debug for Placement {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Placement")
-            .field("dest", &self.dest.id)
-            .field("buf", &self.buf)
-            .field("total", &self.total)
-            .field("placed", &self.placed)
-            .finish()
-    }
-}
+debug_fields!(Placement, |p| dest: p.dest.id, buf: p.buf, total: p.total, placed: p.placed);
 
 impl Placement {
     /// Reserves `dest`'s next posted buffer for a message of `total` bytes (the checks of a local

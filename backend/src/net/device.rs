@@ -10,6 +10,7 @@
 //! the listener thread (disconnect). Lock order: the worker never holds the device state lock
 //! while it holds a vring lock.
 
+use crate::debug_fields::debug_fields;
 use std::io;
 use std::os::unix::io::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -100,14 +101,7 @@ pub struct NetDevice {
     inner: Arc<DeviceInner>,
 }
 
-impl std::fmt::Debug for NetDevice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NetDevice")
-            .field("port", &self.inner.port.id())
-            .field("live", &self.is_live())
-            .finish()
-    }
-}
+debug_fields!(NetDevice, |n| port: n.inner.port.id(), live: n.is_live());
 
 impl NetDevice {
     /// A device for `port` (which must belong to `switch`). Fails only if the worker's exit

@@ -12,6 +12,7 @@
 //! vhost crate accepts); the daemon accepts the relay's connection on a private rendezvous
 //! socket.
 
+use crate::debug_fields::debug_fields;
 use std::io;
 use std::ops::ControlFlow;
 use std::os::fd::AsFd;
@@ -86,13 +87,7 @@ pub struct StopSignal {
     inner: Arc<StopInner>,
 }
 
-impl std::fmt::Debug for StopSignal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StopSignal")
-            .field("stopped", &self.is_stopped())
-            .finish()
-    }
-}
+debug_fields!(StopSignal, |s| stopped: s.is_stopped());
 
 impl StopSignal {
     /// A signal not yet raised.
@@ -157,13 +152,7 @@ pub struct PortListener {
     rendezvous: Rendezvous,
 }
 
-impl std::fmt::Debug for PortListener {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PortListener")
-            .field("path", &self.path)
-            .finish()
-    }
-}
+debug_fields!(PortListener, |p| path: p.path);
 
 /// Where each connection's daemon accepts the [`Relay`]'s connection: vhost-user-backend's
 /// daemon serves only connections it accepts itself from a `Listener`. The socket lives in a

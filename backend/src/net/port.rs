@@ -10,6 +10,7 @@
 //! wake for a channel that already has one waiting (not the one being delivered) is coalesced
 //! into it: one pending wake per channel is all a guest needs.
 
+use crate::debug_fields::debug_fields;
 use std::collections::VecDeque;
 use std::io;
 use std::os::unix::io::{AsRawFd, RawFd};
@@ -205,15 +206,7 @@ pub struct SwitchPort {
     pub(crate) counters: PortCounters,
 }
 
-impl std::fmt::Debug for SwitchPort {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SwitchPort")
-            .field("id", &self.id)
-            .field("macs", &self.macs)
-            .field("up", &self.is_up())
-            .finish()
-    }
-}
+debug_fields!(SwitchPort, |s| id: s.id, macs: s.macs, up: s.is_up());
 
 impl SwitchPort {
     /// A port whose switched RX queue holds `rx_capacity` frames and whose reserved engine queue

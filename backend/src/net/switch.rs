@@ -21,6 +21,7 @@
 //! to its owner; others (the wire carries every host's traffic) are not for this host. The
 //! caller counts the outcome.
 
+use crate::debug_fields::debug_fields;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -120,14 +121,7 @@ pub struct Switch {
     tables: RwLock<Tables>,
 }
 
-impl std::fmt::Debug for Switch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Switch")
-            .field("config", &self.config)
-            .field("ports", &self.read().ports.len())
-            .finish()
-    }
-}
+debug_fields!(Switch, |s| config: s.config, ports: s.read().ports.len());
 
 impl Switch {
     /// A switch with no ports. `events` receives every port's svnic frames, memory and link

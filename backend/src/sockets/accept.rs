@@ -3,6 +3,7 @@
 //! retrying at once, since the pending connection keeps the socket readable and a retry loop
 //! would spin and log without end. The stop signal still ends the wait at once.
 
+use crate::debug_fields::debug_fields;
 use std::fmt::Display;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
@@ -63,13 +64,7 @@ pub struct StopWatch<'a> {
     pub is_stopped: &'a dyn Fn() -> bool,
 }
 
-impl std::fmt::Debug for StopWatch<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StopWatch")
-            .field("stopped", &(self.is_stopped)())
-            .finish()
-    }
-}
+debug_fields!(StopWatch<'_>, |s| stopped: (s.is_stopped)());
 
 enum Woken {
     Connection,

@@ -277,10 +277,10 @@ impl SoakGuest {
                 other
             }
         };
-        let dest = ChannelAddr {
-            mac: soak_mac(peer_index),
-            endpoint: 1 + self.rng.below(u64::from(self.args.channels)) as u32,
-        };
+        let dest = ChannelAddr::new(
+            soak_mac(peer_index),
+            1 + self.rng.below(u64::from(self.args.channels)) as u32,
+        );
         let dma = self.rng.below(4) == 0;
         let len = 1 + self.rng.below(u64::from(DMA_MAX)) as u32;
         let Some(s) = self.slots[slot].as_mut() else {

@@ -26,6 +26,7 @@
 
 mod handler;
 
+use crate::debug_fields::debug_fields;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -124,13 +125,7 @@ impl FaultOwner {
     }
 }
 
-impl std::fmt::Debug for FaultOwner {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FaultOwner")
-            .field("token", &self.token)
-            .finish_non_exhaustive()
-    }
-}
+debug_fields!(FaultOwner, |f| token: f.token);
 
 /// One guarded mapping, in the slot of the same index.
 struct Entry {

@@ -49,10 +49,7 @@ impl Guest {
     }
 
     pub(super) fn addr(&self, endpoint: u32) -> ChannelAddr {
-        ChannelAddr {
-            mac: self.mac,
-            endpoint,
-        }
+        ChannelAddr::new(self.mac, endpoint)
     }
 
     pub(super) fn create(

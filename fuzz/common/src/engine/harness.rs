@@ -109,10 +109,7 @@ impl Run<'_> {
             Peer::A1 => self.a[1].addr,
             Peer::Healthy => self.h.addr(),
             Peer::VictimNoEndpoint => self.f.victim.addr(999),
-            Peer::Engine => ChannelAddr {
-                mac: MacAddr::ENGINE,
-                endpoint: 0,
-            },
+            Peer::Engine => ChannelAddr::new(MacAddr::ENGINE, 0),
             Peer::Zero => ChannelAddr::default(),
         }
     }
