@@ -347,6 +347,20 @@ impl Sim {
         }
     }
 
+    /// A simulation with a message of each length in `lens` queued.
+    fn with_messages(
+        cfg: ReliableConfig,
+        faults: FaultInjection,
+        seed: u64,
+        lens: impl IntoIterator<Item = usize>,
+    ) -> Sim {
+        let mut sim = Sim::new(cfg, faults, seed);
+        for len in lens {
+            sim.add(len);
+        }
+        sim
+    }
+
     fn add(&mut self, len: usize) -> usize {
         let index = self.offered;
         self.offered += 1;
@@ -495,10 +509,7 @@ fn sizes(seed: u64, n: usize) -> Vec<usize> {
 #[test]
 fn lossy_links_deliver_every_message_exactly_once_in_order() {
     for seed in 0..16 {
-        let mut sim = Sim::new(ReliableConfig::default(), LOSSY, seed);
-        for len in sizes(seed, 40) {
-            sim.add(len);
-        }
+        let mut sim = Sim::with_messages(ReliableConfig::default(), LOSSY, seed, sizes(seed, 40));
         sim.run(Duration::from_secs(60));
         sim.check();
         assert!(
@@ -545,10 +556,7 @@ fn a_receiver_blocked_past_the_wait_rejects_and_later_messages_follow() {
         ..ReliableConfig::default()
     };
     for faults in [FaultInjection::default(), LOSSY] {
-        let mut sim = Sim::new(cfg, faults, 3);
-        for len in [100, 5000, 3000, 20, 4000, 9000, 50] {
-            sim.add(len);
-        }
+        let mut sim = Sim::with_messages(cfg, faults, 3, [100, 5000, 3000, 20, 4000, 9000, 50]);
         let t0 = sim.t0;
         // Message 2 finds no buffer for 100 ms; message 4 for 3 ms only; message 5's last
         // frame finds the RX ring full for good.
@@ -595,10 +603,7 @@ fn a_receiver_blocked_past_the_wait_rejects_and_later_messages_follow() {
 fn a_vanished_receiver_fails_everything_peer_unreachable_in_time() {
     let cfg = ReliableConfig::default();
     for faults in [FaultInjection::default(), LOSSY] {
-        let mut sim = Sim::new(cfg, faults, 5);
-        for len in sizes(5, 30) {
-            sim.add(len);
-        }
+        let mut sim = Sim::with_messages(cfg, faults, 5, sizes(5, 30));
         // The receiver goes away (both directions) once it delivered 3 messages.
         let gone = Rc::new(std::cell::Cell::new(None));
         fn vanish_when_ready(g: Rc<std::cell::Cell<Option<Instant>>>) -> Hook {
@@ -642,10 +647,7 @@ fn a_vanished_receiver_fails_everything_peer_unreachable_in_time() {
 fn a_restarted_receiver_resets_in_flight_messages_and_takes_new_ones() {
     for faults in [FaultInjection::default(), LOSSY] {
         let cfg = ReliableConfig::default();
-        let mut sim = Sim::new(cfg, faults, 11);
-        for _ in 0..12 {
-            sim.add(60_000);
-        }
+        let mut sim = Sim::with_messages(cfg, faults, 11, std::iter::repeat_n(60_000, 12));
         // The receiving engine restarts (all state lost) after 4 deliveries, then 6 more
         // messages are offered.
         let restarted_at = Rc::new(std::cell::Cell::new(None));
@@ -1359,10 +1361,12 @@ fn a_bundle_entry_rejected_fails_alone_and_the_rest_follow() {
 
 #[test]
 fn a_blocked_receiver_pauses_the_sender_instead_of_timing_out() {
-    let mut sim = Sim::new(ReliableConfig::default(), FaultInjection::default(), 7);
-    for _ in 0..3000 {
-        sim.add(1000);
-    }
+    let mut sim = Sim::with_messages(
+        ReliableConfig::default(),
+        FaultInjection::default(),
+        7,
+        std::iter::repeat_n(1000, 3000),
+    );
     let t0 = sim.t0;
     // Every frame finds the RX ring full from 100 to 500 us (within the wait).
     sim.receiver.policy = Box::new(move |_, _, _, now| {
@@ -1425,13 +1429,15 @@ fn rejects_among_bundles_of_mixed_sizes_over_lossy_links_keep_exactly_once() {
 
 #[test]
 fn a_blocked_ack_that_also_makes_progress_pauses_the_sender() {
-    let mut sim = Sim::new(ReliableConfig::default(), FaultInjection::default(), 8);
     // Message 0 establishes the session; 1-10 then go in one burst, and message 5's first
     // frame finds no buffer for 300 us: the receiver's one ack for the burst takes 1-4 and is
     // blocked at 5, with nothing new for the sender to send.
-    for _ in 0..11 {
-        sim.add(1000);
-    }
+    let mut sim = Sim::with_messages(
+        ReliableConfig::default(),
+        FaultInjection::default(),
+        8,
+        std::iter::repeat_n(1000, 11),
+    );
     let t0 = sim.t0;
     sim.receiver.policy = Box::new(move |cookie, first, _, now| {
         (cookie == 5 && first && now - t0 < Duration::from_micros(300))
