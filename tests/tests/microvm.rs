@@ -24,8 +24,8 @@ use svnic_channels::{ChannelAddr, CompletionStatus, MacAddr, Message};
 use svnic_client::Completions;
 use svnic_microvm::path::RelayStats;
 use svnic_microvm::{
-    detect, peer, run_bypass, BypassConfig, BypassReport, DataPath, KvmReport, ModeProbe, Payload,
-    StartLine,
+    detect, peer, run_bypass, BypassArgs, BypassConfig, BypassReport, DataPath, KvmReport,
+    ModeProbe, Payload, StartLine,
 };
 use svnic_tests::daemon_fixture::{recv_messages, DaemonFixture};
 use svnic_tests::daemon_proc::spawn_test_child;
@@ -80,12 +80,14 @@ fn config(
         memory_size: 64 << 20,
         endpoint,
         ring_size: 256,
-        peer,
-        count,
-        seed: SEED,
-        payload,
-        path,
-        times: 0,
+        program: BypassArgs {
+            peer,
+            count,
+            seed: SEED,
+            payload,
+            path,
+            times: 0,
+        },
         timeout: LONG,
         start: None,
     }

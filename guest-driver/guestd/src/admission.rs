@@ -8,19 +8,24 @@ use std::collections::BTreeMap;
 use log::debug;
 
 use super::policy::UidUsage;
+use super::records::Charged;
 use super::server::Agent;
 use svnic_client::vm::protocol::AgentFailure;
 
 impl Agent {
+    /// Every channel memory the agent holds, passed to an application or known to the engine.
+    fn charged(&self) -> impl Iterator<Item = &Charged> {
+        let prepared = self.prepared.values().map(|p| &p.charged);
+        prepared.chain(self.regions.values().map(|h| &h.charged))
+    }
+
     /// What every uid holding channel memory holds.
     pub(super) fn usage_by_uid(&self) -> BTreeMap<u32, UidUsage> {
         let mut usage: BTreeMap<u32, UidUsage> = BTreeMap::new();
-        let held = self.prepared.values().map(|p| (p.charge.uid, p.len()));
-        let registered = self.regions.values().map(|h| (h.charge.uid, h.len()));
-        for (uid, len) in held.chain(registered) {
-            let u = usage.entry(uid).or_default();
+        for c in self.charged() {
+            let u = usage.entry(c.uid).or_default();
             u.channels += 1;
-            u.memory = u.memory.saturating_add(len);
+            u.memory = u.memory.saturating_add(c.len());
         }
         usage
     }
@@ -31,10 +36,7 @@ impl Agent {
 
     /// Another uid for which the agent holds memory at `endpoint`, if any.
     fn endpoint_holder(&self, uid: u32, endpoint: u32) -> Option<u32> {
-        let prepared = self.prepared.values().map(|p| p.charge);
-        let registered = self.regions.values().map(|h| h.charge);
-        prepared
-            .chain(registered)
+        self.charged()
             .find(|c| c.endpoint == endpoint && c.uid != uid)
             .map(|c| c.uid)
     }

@@ -13,7 +13,7 @@ use log::{debug, info, warn};
 use svnic_channels::frame::{ControlOp, ControlRequest, ControlResponse, CreateRequest};
 use svnic_channels::{ChannelAddr, ChannelId, ChannelLayout, FailureReason};
 
-use super::records::{ChannelEvents, Charge, Creating, Destroying, Held, Live, Prepared};
+use super::records::{ChannelEvents, Charged, Creating, Destroying, Held, Live, Prepared};
 use super::server::Agent;
 use super::AgentEvent;
 use svnic_client::request_table::{Action, Outcome, RegionLease};
@@ -150,8 +150,11 @@ impl Agent {
         self.prepared.insert(
             (app, token),
             Prepared {
-                mem,
-                charge: Charge { uid, endpoint },
+                charged: Charged {
+                    memory: mem,
+                    uid,
+                    endpoint,
+                },
                 ring_size,
                 events,
             },
@@ -163,7 +166,7 @@ impl Agent {
             let why = format!("no memory was passed for request {token}");
             return self.fail(app, token, AgentFailure::UnknownToken, why);
         };
-        let gpa = match self.memory.finalize(&p.mem) {
+        let gpa = match self.memory.finalize(&p.charged.memory) {
             Ok(gpa) => gpa,
             Err(e) => {
                 warn!("application {app}: channel memory unusable: {e}");
@@ -175,28 +178,26 @@ impl Agent {
             warn!("application {app}: {why}");
             return self.fail(app, token, AgentFailure::Memory, why);
         }
-        let len = p.mem.len();
+        let (len, endpoint) = (p.charged.len(), p.charged.endpoint);
         let request_id = self.table.begin_create(RegionLease { gpa, len });
         self.send_request(ControlRequest {
             request_id,
             op: ControlOp::Create(CreateRequest {
                 mac: self.mac,
-                endpoint: p.charge.endpoint,
+                endpoint,
                 ring_size: p.ring_size,
                 region_addr: gpa,
                 region_len: len,
             }),
         });
         debug!(
-            "application {app}: create request {request_id} for endpoint {} at {gpa:#x}",
-            p.charge.endpoint
+            "application {app}: create request {request_id} for endpoint {endpoint} at {gpa:#x}"
         );
         self.regions.insert(
             gpa,
             Held {
-                memory: p.mem,
+                charged: p.charged,
                 app,
-                charge: p.charge,
                 channel: None,
                 quarantined: false,
             },
@@ -209,7 +210,7 @@ impl Agent {
                 gpa,
                 addr: ChannelAddr {
                     mac: self.mac,
-                    endpoint: p.charge.endpoint,
+                    endpoint,
                 },
                 events: p.events,
             },

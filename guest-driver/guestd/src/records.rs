@@ -19,13 +19,22 @@ pub(crate) struct App {
     pub(crate) uid: u32,
 }
 
-/// Who a channel's memory is charged to: the user whose quota it spends, and the endpoint that
-/// user holds with it (no other uid may hold that endpoint meanwhile). Carried from the moment
-/// the memory is passed until it is freed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Charge {
+/// A channel's memory and who it is charged to: the user whose quota it spends, and the
+/// endpoint that user holds with it (no other uid may hold that endpoint meanwhile). Carried
+/// from the moment the memory is passed to an application until it is freed: dropping it frees
+/// the memory and ends the charge.
+#[derive(Debug)]
+pub(crate) struct Charged {
+    pub(crate) memory: ChannelMemory,
     pub(crate) uid: u32,
     pub(crate) endpoint: u32,
+}
+
+impl Charged {
+    /// The bytes charged.
+    pub(crate) fn len(&self) -> u64 {
+        self.memory.len()
+    }
 }
 
 /// A channel's two eventfds, passed to its application: `wake` the agent signals when the
@@ -49,26 +58,17 @@ impl ChannelEvents {
 /// Memory passed to an application that has not said `Mapped` yet.
 #[derive(Debug)]
 pub(crate) struct Prepared {
-    pub(crate) mem: ChannelMemory,
-    pub(crate) charge: Charge,
+    pub(crate) charged: Charged,
     pub(crate) ring_size: u32,
     pub(crate) events: ChannelEvents,
-}
-
-impl Prepared {
-    pub(crate) fn len(&self) -> u64 {
-        self.mem.len()
-    }
 }
 
 /// Memory the engine knows of (or may): kept until the engine lets go of it.
 #[derive(Debug)]
 pub(crate) struct Held {
     /// Kept alive until the engine lets go of it; dropping it frees it.
-    pub(crate) memory: ChannelMemory,
+    pub(crate) charged: Charged,
     pub(crate) app: u64,
-    /// Kept until the memory is freed.
-    pub(crate) charge: Charge,
     pub(crate) channel: Option<ChannelId>,
     pub(crate) quarantined: bool,
 }
@@ -76,10 +76,6 @@ pub(crate) struct Held {
 impl Held {
     pub(crate) fn channel(&self) -> Option<ChannelId> {
         self.channel
-    }
-
-    pub(crate) fn len(&self) -> u64 {
-        self.memory.len()
     }
 }
 

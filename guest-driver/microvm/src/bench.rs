@@ -24,7 +24,7 @@ use svnic_host_frontend::HostGuest;
 use crate::error::MicroVmError;
 use crate::launcher::{run_bypass, BypassConfig};
 use crate::path::DataPath;
-use crate::program::Payload;
+use crate::program::{BypassArgs, Payload};
 use crate::stats::{ExitCounts, PerMessage};
 
 /// What one measurement of a round is.
@@ -170,7 +170,8 @@ pub struct BenchConfig {
 pub fn host_bypass(cfg: &BypassConfig, ticks_per_ns: f64) -> Result<Sample, MicroVmError> {
     let guest = HostGuest::connect(&cfg.socket, cfg.memory_size)?;
     let mut ch = guest.create_channel(cfg.endpoint, cfg.ring_size, cfg.timeout)?;
-    let result = host_round_trips(&mut ch, cfg.peer, cfg.count, cfg.seed, cfg.timeout);
+    let p = &cfg.program;
+    let result = host_round_trips(&mut ch, p.peer, p.count, p.seed, cfg.timeout);
     guest.destroy_channel(ch, cfg.timeout)?;
     Ok(Sample::new(Subject::HostBypass, result?, ticks_per_ns))
 }
@@ -263,16 +264,19 @@ pub fn floor(count: u64, cpus: (usize, usize), ticks_per_ns: f64) -> Sample {
     Sample::new(Subject::Floor, ticks, ticks_per_ns)
 }
 
-/// The micro-VM on `path`: `cfg.count` user-data round trips, timed by the program.
+/// The micro-VM on `path`: `cfg.program.count` user-data round trips, timed by the program.
 pub fn vm_round_trips(
     cfg: &BypassConfig,
     path: DataPath,
     ticks_per_ns: f64,
 ) -> Result<Sample, MicroVmError> {
     let cfg = BypassConfig {
-        path,
-        payload: Payload::UserData,
-        times: cfg.count,
+        program: BypassArgs {
+            path,
+            payload: Payload::UserData,
+            times: cfg.program.count,
+            ..cfg.program
+        },
         ..cfg.clone()
     };
     let r = run_bypass(&cfg)?;
@@ -304,7 +308,7 @@ pub fn run(
             let sample = match subject {
                 Subject::Vm(path) => vm_round_trips(&cfg.vm, path, ticks_per_ns)?,
                 Subject::HostBypass => host_bypass(&cfg.vm, ticks_per_ns)?,
-                Subject::Floor => floor(cfg.vm.count, cfg.floor_cpus, ticks_per_ns),
+                Subject::Floor => floor(cfg.vm.program.count, cfg.floor_cpus, ticks_per_ns),
             };
             each(round, &sample);
             all.push(sample);

@@ -27,7 +27,7 @@ use crate::error::MicroVmError;
 use crate::path::{
     register_doorbell, relay_doorbells, DataPath, EngineSide, Mediator, MediatorStats, RelayStats,
 };
-use crate::program::{load_bypass, read_bypass, read_times, BypassArgs, BypassResult, Payload};
+use crate::program::{load_bypass, read_bypass, read_times, BypassArgs, BypassResult};
 use crate::stats::{ExitCounts, Snapshot, VcpuStats};
 use crate::vcpu::{run_until_exit, run_with, RunOutcome};
 use crate::vm::{load, MicroVm, EXIT_GPA};
@@ -43,19 +43,9 @@ pub struct BypassConfig {
     pub endpoint: EndpointId,
     /// Slots per ring.
     pub ring_size: u32,
-    /// The peer: an echo (such as `svnic-guest echo`), answering each message with its payload
-    /// and cookie.
-    pub peer: ChannelAddr,
-    /// Messages.
-    pub count: u64,
-    /// Payload of message `i` is `seed + i` (DMA-data: qword `k` is `seed + i + k`).
-    pub seed: u64,
-    /// User-data or DMA-data.
-    pub payload: Payload,
-    /// How the program's messages reach the engine.
-    pub path: DataPath,
-    /// Round trips the program times (the first `times` messages; 0 for none).
-    pub times: u64,
+    /// What the program does on the channel: its peer, messages, payloads, data path and
+    /// timing.
+    pub program: BypassArgs,
     /// Longest wait for the create answer, and for the program to finish.
     pub timeout: Duration,
     /// Reached once the channel exists, before the program starts: micro-VMs that talk to
@@ -154,8 +144,8 @@ pub struct BypassReport {
     pub addr: ChannelAddr,
     /// The channel region's guest-physical address, as handed to the program.
     pub channel_gpa: u64,
-    /// Messages asked for.
-    pub count: u64,
+    /// What the program was asked to do (the messages asked for, the data path it ran).
+    pub program: BypassArgs,
     /// What the program reported.
     pub result: BypassResult,
     /// The run.
@@ -164,8 +154,6 @@ pub struct BypassReport {
     pub stats: Option<Snapshot>,
     /// The statistics over a window of the run in the steady state, if one was seen.
     pub steady: Option<Window>,
-    /// The data path it ran.
-    pub path: DataPath,
     /// What the VMM's doorbell relay did.
     pub relay: RelayStats,
     /// What the mediator did (the mediated path only).
@@ -249,7 +237,7 @@ fn watch_window(
 impl BypassReport {
     /// Whether every reply arrived intact and in order.
     pub fn ok(&self) -> bool {
-        self.result.result == crate::boot_info::RESULT_OK && self.result.done == self.count
+        self.result.result == crate::boot_info::RESULT_OK && self.result.done == self.program.count
     }
 
     /// The exits of the whole run by kind, if the kernel has binary statistics.
@@ -287,27 +275,17 @@ pub fn run_bypass(cfg: &BypassConfig) -> Result<BypassReport, MicroVmError> {
         "channel {} at {addr} in guest memory at {channel_gpa:#x}",
         channel.id()
     );
-    cfg.payload.check(channel.layout())?;
+    let program = cfg.program;
+    program.payload.check(channel.layout())?;
     let mut vm = MicroVm::new(&kvm, Arc::clone(guest.memory()))?;
     let evt = register_doorbell(vm.vm())?;
-    let loaded = load_bypass(
-        &vm,
-        BypassArgs {
-            channel_gpa,
-            peer: cfg.peer,
-            count: cfg.count,
-            seed: cfg.seed,
-            payload: cfg.payload,
-            path: cfg.path,
-            times: cfg.times,
-        },
-    )?;
+    let loaded = load_bypass(&vm, channel_gpa, program)?;
     let info = loaded.info;
     let doorbell = guest.doorbell();
     let (region, layout, channel_id) = (channel.region(), *channel.layout(), channel.id());
     let doorbell = &*doorbell;
     let side = move || EngineSide::new(region, layout, channel_gpa, channel_id, doorbell);
-    let mut mediator = match cfg.path {
+    let mut mediator = match program.path {
         DataPath::Mediated => Some(Mediator::new(side()?)),
         DataPath::Bypass | DataPath::Doorbell => None,
     };
@@ -316,9 +294,9 @@ pub fn run_bypass(cfg: &BypassConfig) -> Result<BypassReport, MicroVmError> {
     let before = stats.as_ref().map(VcpuStats::snapshot).transpose()?;
     let memory = Arc::clone(vm.memory());
     let running = AtomicBool::new(true);
-    let (memory, running, count, evt) = (&memory, &running, cfg.count, &evt);
+    let (memory, running, count, evt) = (&memory, &running, program.count, &evt);
     let (run, steady, relay) = std::thread::scope(|s| {
-        let watcher = match (&stats, window_bounds(cfg.count, cfg.ring_size)) {
+        let watcher = match (&stats, window_bounds(program.count, cfg.ring_size)) {
             (Some(st), Some(bounds)) => {
                 Some(s.spawn(move || watch_window(memory, info, st, bounds, count, running)))
             }
@@ -356,12 +334,11 @@ pub fn run_bypass(cfg: &BypassConfig) -> Result<BypassReport, MicroVmError> {
     Ok(BypassReport {
         addr,
         channel_gpa,
-        count: cfg.count,
+        program,
         result,
         run,
         stats: after.zip(before).map(|(a, b)| a.since(&b)),
         steady,
-        path: cfg.path,
         relay,
         mediator,
         times,

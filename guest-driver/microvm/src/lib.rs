@@ -44,4 +44,4 @@ pub use detect::{detect, detect_all, KvmReport, ModeProbe};
 pub use error::MicroVmError;
 pub use launcher::{run_bypass, BypassConfig, BypassReport, StartLine, Window};
 pub use path::DataPath;
-pub use program::Payload;
+pub use program::{BypassArgs, Payload};

@@ -20,7 +20,7 @@ use svnic_client::WaitPolicy;
 use svnic_host_frontend::HostGuest;
 use svnic_microvm::bench::{self, BenchConfig};
 use svnic_microvm::{
-    detect, detect_all, peer, run_bypass, BypassConfig, DataPath, MicroVmError, Payload,
+    detect, detect_all, peer, run_bypass, BypassArgs, BypassConfig, DataPath, MicroVmError, Payload,
 };
 
 const USAGE: &str = concat!(
@@ -70,11 +70,11 @@ fn cmd_bypass(cfg: &BypassConfig) -> Result<ExitCode, String> {
     let r = run_bypass(cfg).map_err(|e| e.to_string())?;
     println!(
         "{}: {} → {}: {} of {} messages; {}",
-        r.path,
+        r.program.path,
         r.addr,
-        cfg.peer,
+        r.program.peer,
         r.result.done,
-        r.count,
+        r.program.count,
         r.result.describe()
     );
     println!(
@@ -84,7 +84,7 @@ fn cmd_bypass(cfg: &BypassConfig) -> Result<ExitCode, String> {
     println!(
         "{} path: doorbell relay: {} signal(s) in {} wakeup(s), {} Doorbell frame(s) to a \
          sleeping engine",
-        r.path, r.relay.signals, r.relay.wakeups, r.relay.frames
+        r.program.path, r.relay.signals, r.relay.wakeups, r.relay.frames
     );
     if let Some(m) = &r.mediator {
         println!(
@@ -96,7 +96,7 @@ fn cmd_bypass(cfg: &BypassConfig) -> Result<ExitCode, String> {
     match (&r.stats, r.exits()) {
         (Some(s), Some(e)) => {
             println!("KVM exit counters over the run: {:?}", s.exits());
-            println!("over the run, {}", e.describe_per_message(r.count));
+            println!("over the run, {}", e.describe_per_message(r.program.count));
         }
         _ => println!("KVM exit counters: no binary statistics on this kernel"),
     }
@@ -122,7 +122,7 @@ fn cmd_bypass(cfg: &BypassConfig) -> Result<ExitCode, String> {
     })
 }
 
-/// Answers `cfg.count` messages on a channel at `cfg.endpoint` of the guest at `cfg.socket`
+/// Answers `cfg.program.count` messages on a channel at `cfg.endpoint` of the guest at `cfg.socket`
 /// (`cfg.timeout`: longest silence, and the create's wait), waiting as `wait` says.
 fn cmd_echo(cfg: &BypassConfig, wait: WaitPolicy) -> Result<ExitCode, String> {
     let e = |e: MicroVmError| e.to_string();
@@ -132,8 +132,8 @@ fn cmd_echo(cfg: &BypassConfig, wait: WaitPolicy) -> Result<ExitCode, String> {
         .map_err(|e| e.to_string())?;
     ch.set_wait_policy(wait);
     eprintln!("svnic-microvm echo: ready at {}", ch.addr());
-    peer::echo(&guest, &mut ch, cfg.count, cfg.timeout, |_, _| {}).map_err(e)?;
-    println!("echoed {} messages", cfg.count);
+    peer::echo(&guest, &mut ch, cfg.program.count, cfg.timeout, |_, _| {}).map_err(e)?;
+    println!("echoed {} messages", cfg.program.count);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -144,7 +144,7 @@ fn cmd_bench(cfg: &BenchConfig) -> Result<ExitCode, String> {
     println!("{report}");
     println!(
         "{} rounds of {} user-data round trips each; floor threads on CPUs {} and {}",
-        cfg.rounds, cfg.vm.count, cfg.floor_cpus.0, cfg.floor_cpus.1
+        cfg.rounds, cfg.vm.program.count, cfg.floor_cpus.0, cfg.floor_cpus.1
     );
     let samples = bench::run(cfg, |round, s| println!("{}", bench::describe(round, s)))
         .map_err(|e| e.to_string())?;
@@ -249,15 +249,17 @@ fn parse(args: &[String], cmd: Cmd) -> Result<Options, String> {
             memory_size: 64 << 20,
             endpoint: 1,
             ring_size: svnic_channels::layout::DEFAULT_RING_SIZE,
-            peer: ChannelAddr {
-                mac: MacAddr([0; 6]),
-                endpoint: 0,
+            program: BypassArgs {
+                peer: ChannelAddr {
+                    mac: MacAddr([0; 6]),
+                    endpoint: 0,
+                },
+                count: 1000,
+                seed: 0x5eed_0000_0000,
+                payload: Payload::UserData,
+                path: DataPath::Bypass,
+                times: 0,
             },
-            count: 1000,
-            seed: 0x5eed_0000_0000,
-            payload: Payload::UserData,
-            path: DataPath::Bypass,
-            times: 0,
             timeout: Duration::from_secs(10),
             start: None,
         },
@@ -289,7 +291,7 @@ fn parse(args: &[String], cmd: Cmd) -> Result<Options, String> {
                 let (mac, ep) = value
                     .split_once('/')
                     .ok_or_else(|| format!("--peer {value}: expected MAC/ENDPOINT"))?;
-                cfg.peer = ChannelAddr {
+                cfg.program.peer = ChannelAddr {
                     mac: mac.parse().map_err(|e| format!("--peer {value}: {e}"))?,
                     endpoint: ep.parse().map_err(|e| format!("--peer {value}: {e}"))?,
                 };
@@ -300,9 +302,9 @@ fn parse(args: &[String], cmd: Cmd) -> Result<Options, String> {
                     .parse()
                     .map_err(|e| format!("--endpoint {value}: {e}"))?
             }
-            "--count" => cfg.count = num()?,
+            "--count" => cfg.program.count = num()?,
             "--dma-len" => {
-                cfg.payload = Payload::DmaData {
+                cfg.program.payload = Payload::DmaData {
                     len: value
                         .parse()
                         .map_err(|e| format!("--dma-len {value}: {e}"))?,
@@ -313,7 +315,7 @@ fn parse(args: &[String], cmd: Cmd) -> Result<Options, String> {
                     .parse()
                     .map_err(|e| format!("--ring-size {value}: {e}"))?
             }
-            "--mode" => cfg.path = value.parse()?,
+            "--mode" => cfg.program.path = value.parse()?,
             "--memory-mib" => cfg.memory_size = num()?.saturating_mul(1 << 20),
             "--timeout-secs" => cfg.timeout = Duration::from_secs(num()?),
             "--rounds" => {
@@ -371,18 +373,23 @@ mod tests {
         .expect("valid options");
         assert_eq!(cfg.socket, std::path::PathBuf::from("/s"));
         assert_eq!(
-            cfg.peer,
+            cfg.program.peer,
             ChannelAddr {
                 mac: MacAddr([0x52, 0x54, 0, 0, 0, 2]),
                 endpoint: 7
             }
         );
         assert_eq!(
-            (cfg.endpoint, cfg.count, cfg.payload, cfg.ring_size),
+            (
+                cfg.endpoint,
+                cfg.program.count,
+                cfg.program.payload,
+                cfg.ring_size
+            ),
             (3, 5, Payload::DmaData { len: 4096 }, 64)
         );
         assert_eq!(
-            (cfg.memory_size, cfg.timeout, cfg.path),
+            (cfg.memory_size, cfg.timeout, cfg.program.path),
             (32 << 20, Duration::from_secs(2), DataPath::Mediated)
         );
         let mode = |m: &str| {
@@ -393,8 +400,11 @@ mod tests {
                 true,
             )
         };
-        assert_eq!(mode("bypass").map(|c| c.path), Ok(DataPath::Bypass));
-        assert_eq!(mode("doorbell").map(|c| c.path), Ok(DataPath::Doorbell));
+        assert_eq!(mode("bypass").map(|c| c.program.path), Ok(DataPath::Bypass));
+        assert_eq!(
+            mode("doorbell").map(|c| c.program.path),
+            Ok(DataPath::Doorbell)
+        );
     }
 
     #[test]
@@ -459,7 +469,7 @@ mod tests {
         ))
         .expect("valid options");
         assert_eq!(
-            (cfg.rounds, cfg.floor_cpus, cfg.vm.count),
+            (cfg.rounds, cfg.floor_cpus, cfg.vm.program.count),
             (5, (1, 1023), 9)
         );
         let defaults =
@@ -500,7 +510,7 @@ mod tests {
             assert!(e.contains(want), "{line}: {e}");
         }
         let (cfg, wait) = parse_echo(&args("--yields 7 --socket /s --count 3")).expect("echo");
-        assert_eq!((wait.yields, wait.spins, cfg.count), (7, 200, 3));
+        assert_eq!((wait.yields, wait.spins, cfg.program.count), (7, 200, 3));
         assert_eq!(
             parse_echo(&args("--socket /s")).map(|(_, w)| w.yields),
             Ok(WaitPolicy::default().yields)

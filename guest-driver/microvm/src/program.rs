@@ -55,12 +55,11 @@ impl Payload {
     }
 }
 
-/// What the launcher tells the bypass program.
+/// What the launcher asks of the bypass program: the exchange it runs with its peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BypassArgs {
-    /// Guest-physical address of the channel region (created, header ready).
-    pub channel_gpa: u64,
-    /// The peer to exchange with.
+    /// The peer to exchange with: an echo (such as `svnic-guest echo`), answering each message
+    /// with its payload and cookie, or another micro-VM sending the same messages.
     pub peer: ChannelAddr,
     /// Messages to send (and replies to expect).
     pub count: u64,
@@ -128,8 +127,13 @@ fn mac_word(peer: ChannelAddr) -> u64 {
     u64::from_le_bytes(w)
 }
 
-/// Loads the bypass program and its boot-info page into `vm` and points the vCPU at it.
-pub fn load_bypass(vm: &MicroVm, args: BypassArgs) -> Result<Loaded, MicroVmError> {
+/// Loads the bypass program and its boot-info page into `vm` and points the vCPU at it: `args`
+/// on the channel region at guest-physical `channel_gpa` (created, header ready).
+pub fn load_bypass(
+    vm: &MicroVm,
+    channel_gpa: u64,
+    args: BypassArgs,
+) -> Result<Loaded, MicroVmError> {
     let (mode, dma_len) = match args.payload {
         Payload::UserData => (MODE_USER_DATA, 0),
         Payload::DmaData { len } => (MODE_DMA_DATA, u64::from(len)),
@@ -147,7 +151,7 @@ pub fn load_bypass(vm: &MicroVm, args: BypassArgs) -> Result<Loaded, MicroVmErro
     };
     let fields = [
         (BI_MAGIC, BOOT_MAGIC),
-        (BI_CHANNEL, args.channel_gpa),
+        (BI_CHANNEL, channel_gpa),
         (BI_PEER_MAC, mac_word(args.peer)),
         (BI_PEER_ENDPOINT, u64::from(args.peer.endpoint)),
         (BI_COUNT, args.count),

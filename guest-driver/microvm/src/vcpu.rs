@@ -108,6 +108,20 @@ pub fn run_with(
     })
 }
 
+/// Hands `access` to the VMM's handler: an empty string if it handled it, else what the
+/// unexpected exit was.
+fn hand_over(mmio: &mut MmioHandler<'_>, access: Mmio<'_>) -> Result<String, MicroVmError> {
+    let (what, addr, len) = match &access {
+        Mmio::Write(addr, data) => ("write", *addr, data.len()),
+        Mmio::Read(addr, data) => ("read", *addr, data.len()),
+    };
+    Ok(if mmio(access)? {
+        String::new()
+    } else {
+        format!("MMIO {what} of {len} bytes at {addr:#x}")
+    })
+}
+
 fn run_loop(
     vcpu: &mut VcpuFd,
     exit_gpa: u64,
@@ -133,22 +147,8 @@ fn run_loop(
                     elapsed: start.elapsed(),
                 });
             }
-            Ok(VcpuExit::MmioWrite(addr, data)) => {
-                let len = data.len();
-                if mmio(Mmio::Write(addr, data))? {
-                    String::new()
-                } else {
-                    format!("MMIO write of {len} bytes at {addr:#x}")
-                }
-            }
-            Ok(VcpuExit::MmioRead(addr, data)) => {
-                let len = data.len();
-                if mmio(Mmio::Read(addr, data))? {
-                    String::new()
-                } else {
-                    format!("MMIO read of {len} bytes at {addr:#x}")
-                }
-            }
+            Ok(VcpuExit::MmioWrite(addr, data)) => hand_over(mmio, Mmio::Write(addr, data))?,
+            Ok(VcpuExit::MmioRead(addr, data)) => hand_over(mmio, Mmio::Read(addr, data))?,
             Ok(VcpuExit::IoOut(port, _)) => format!("port write to {port:#x}"),
             Ok(VcpuExit::IoIn(port, _)) => format!("port read from {port:#x}"),
             Ok(VcpuExit::Intr) => {

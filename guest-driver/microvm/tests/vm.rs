@@ -69,7 +69,6 @@ fn the_bypass_program_refuses_a_missing_boot_magic_and_an_unready_channel() {
         endpoint: 1,
     };
     let args = BypassArgs {
-        channel_gpa: not_a_channel,
         peer,
         count: 10,
         seed: 0,
@@ -77,7 +76,7 @@ fn the_bypass_program_refuses_a_missing_boot_magic_and_an_unready_channel() {
         path: DataPath::Bypass,
         times: 0,
     };
-    let info = load_bypass(&vm, args).unwrap().info;
+    let info = load_bypass(&vm, not_a_channel, args).unwrap().info;
     let run = run_until_exit(vm.vcpu_mut(), EXIT_GPA, Duration::from_secs(5)).unwrap();
     let got = read_bypass(&vm, info).unwrap();
     assert_eq!(
@@ -87,7 +86,7 @@ fn the_bypass_program_refuses_a_missing_boot_magic_and_an_unready_channel() {
 
     // The same with the boot-info page's magic overwritten.
     let mut vm = micro_vm();
-    let info = load_bypass(&vm, args).unwrap().info;
+    let info = load_bypass(&vm, not_a_channel, args).unwrap().info;
     write(vm.memory(), info + BI_MAGIC, &0u64.to_le_bytes()).unwrap();
     let run = run_until_exit(vm.vcpu_mut(), EXIT_GPA, Duration::from_secs(5)).unwrap();
     assert_eq!(run.value, RESULT_BAD_MAGIC);

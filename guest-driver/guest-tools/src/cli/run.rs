@@ -218,6 +218,21 @@ fn with_ready_channel<T>(
     Ok((local, r?))
 }
 
+/// A responder's channel path that answers the `initiator`'s first probe before it runs `f`
+/// (see [`with_ready_channel`]).
+fn with_probed_channel<T>(
+    c: &Common,
+    tool: &str,
+    initiator: &str,
+    f: impl FnOnce(&mut Channel, &dyn Waiter) -> Result<T, CliError>,
+) -> Result<(String, T), CliError> {
+    with_ready_channel(c, tool, |ch, w| {
+        channel_await_probe(ch, c.wait(), w)
+            .map_err(|e| CliError::failed(format!("wait for the {initiator}"), e))?;
+        f(ch, w)
+    })
+}
+
 /// A responder's frame path: prints the `tool`'s "ready" line, then runs `f` on the frame port.
 /// Returns (local, result).
 fn with_ready_frame_port<T>(
@@ -280,9 +295,7 @@ fn echo(a: &EchoArgs) -> Result<Report, CliError> {
     let c = &a.common;
     let wait = c.wait();
     let (local, echoed) = match c.path {
-        PathKind::User | PathKind::Dma => with_ready_channel(c, "echo", |ch, w| {
-            channel_await_probe(ch, wait, w)
-                .map_err(|e| CliError::failed("wait for the ping", e))?;
+        PathKind::User | PathKind::Dma => with_probed_channel(c, "echo", "ping", |ch, w| {
             channel_echo(ch, kind_of(c.path), a.count, w)
                 .map_err(|e| CliError::failed("echo", e))?;
             Ok(a.count)
@@ -371,9 +384,7 @@ fn sink(a: &SinkArgs) -> Result<Report, CliError> {
     let idle = Duration::from_millis(a.idle_ms);
     let size = a.size.unwrap_or(c.path.default_size());
     let (local, t) = match c.path {
-        PathKind::User => with_ready_channel(c, "sink", |ch, w| {
-            channel_await_probe(ch, wait, w)
-                .map_err(|e| CliError::failed("wait for the perf", e))?;
+        PathKind::User => with_probed_channel(c, "sink", "perf", |ch, w| {
             channel_stream_recv(ch, a.count, w).map_err(|e| CliError::failed("receive", e))
         })?,
         // Buffers are posted before the sender can reach us; probes are answered inside the

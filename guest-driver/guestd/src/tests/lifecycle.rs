@@ -56,10 +56,9 @@ fn create_use_and_destroy(h: &Harness) {
     let client = h.client();
     assert_eq!(client.mac(), mac);
     assert_eq!(client.info().region_len, HUGEPAGE);
-    let free = h.memory.free_bytes();
     let mut ch = client.create_channel(5, 256, LONG).unwrap();
     assert_eq!(ch.addr(), ChannelAddr { mac, endpoint: 5 });
-    assert_eq!(h.memory.free_bytes(), free - HUGEPAGE);
+    assert_eq!(h.memory_held(), HUGEPAGE);
     let id = ChannelId(ch.id());
     let create = h.engine.seen(|s| s.creates[0]);
     assert_eq!(
@@ -104,11 +103,7 @@ fn create_use_and_destroy(h: &Harness) {
     wait_until("the wake is counted", || h.status().wakes == 1);
 
     client.destroy_channel(ch, LONG).unwrap();
-    assert_eq!(
-        h.memory.free_bytes(),
-        free,
-        "freed before Destroyed was answered"
-    );
+    assert_eq!(h.memory_held(), 0, "freed before Destroyed was answered");
     assert_eq!(h.engine.seen(|s| s.destroys.clone()), vec![id]);
     let ev = events(h);
     let pos = |e: &AgentEvent| ev.iter().position(|x| x == e).unwrap();
@@ -136,7 +131,6 @@ fn a_refused_create_frees_the_memory_at_once() {
     };
     let h = Harness::start("refused", b);
     let client = h.client();
-    let free = h.memory.free_bytes();
     match client.create_channel(9, 256, LONG) {
         Err(ClientError::Refused {
             reason: AgentFailure::Engine(FailureReason::EndpointTaken),
@@ -144,7 +138,7 @@ fn a_refused_create_frees_the_memory_at_once() {
         }) => {}
         other => panic!("{other:?}"),
     }
-    assert_eq!(h.memory.free_bytes(), free);
+    assert_eq!(h.memory_held(), 0);
     wait_until("no region held", || h.status().held_regions == 0);
     // The client still works.
     let ch = client.create_channel(10, 256, LONG).unwrap();
@@ -155,7 +149,6 @@ fn a_refused_create_frees_the_memory_at_once() {
 fn an_application_that_dies_has_its_channels_destroyed_before_the_memory_is_freed() {
     let h = Harness::start("dies", Behaviour::default());
     let client = h.client();
-    let free = h.memory.free_bytes();
     let a = client.create_channel(1, 256, LONG).unwrap();
     let b = client.create_channel(2, 64, LONG).unwrap();
     let ids = [ChannelId(a.id()), ChannelId(b.id())];
@@ -170,7 +163,7 @@ fn an_application_that_dies_has_its_channels_destroyed_before_the_memory_is_free
     assert_eq!(destroyed, ids);
     // Not acknowledged yet: the memory is still held.
     std::thread::sleep(Duration::from_millis(50));
-    assert_eq!(h.memory.free_bytes(), free - 2 * HUGEPAGE);
+    assert_eq!(h.memory_held(), 2 * HUGEPAGE);
     let st = h.status();
     assert_eq!((st.apps, st.live_channels, st.held_regions), (0, 0, 2));
     let state = std::fs::read_to_string(h.dir.join("agent.channels")).unwrap();
@@ -178,7 +171,7 @@ fn an_application_that_dies_has_its_channels_destroyed_before_the_memory_is_free
         assert!(state.lines().any(|l| l == id.0.to_string()), "{state}");
     }
     h.engine.release();
-    wait_until("the memory is freed", || h.memory.free_bytes() == free);
+    wait_until("the memory is freed", || h.memory_held() == 0);
     wait_until("no region held", || h.status().held_regions == 0);
     let ev = events(&h);
     for id in ids {
@@ -203,20 +196,19 @@ fn an_application_gone_while_its_create_is_pending_gets_the_channel_destroyed() 
             ..Default::default()
         },
     );
-    let free = h.memory.free_bytes();
     let raw = Raw::connect(&h);
     raw.region(1, 4);
     raw.send(Request::Mapped { token: 1 });
     assert!(matches!(raw.recv().0, Response::Pending { token: 1 }));
     drop(raw);
     wait_until("the app is gone", || h.status().apps == 0);
-    assert_eq!(h.memory.free_bytes(), free - HUGEPAGE);
+    assert_eq!(h.memory_held(), HUGEPAGE);
     // The Success comes after the application left: the agent destroys the channel.
     h.engine.release();
     wait_until("the channel is destroyed", || {
         h.engine.seen(|s| s.destroys.len() == 1)
     });
-    wait_until("the memory is freed", || h.memory.free_bytes() == free);
+    wait_until("the memory is freed", || h.memory_held() == 0);
     // The status is a snapshot the agent publishes after each turn of its loop, so it may still
     // show the request a moment after the memory (read directly) is free.
     wait_until("no request outstanding", || h.status().outstanding == 0);
@@ -225,16 +217,15 @@ fn an_application_gone_while_its_create_is_pending_gets_the_channel_destroyed() 
 #[test]
 fn memory_passed_but_never_registered_is_freed_on_cancel_or_disconnect() {
     let h = Harness::start("cancel", Behaviour::default());
-    let free = h.memory.free_bytes();
     let raw = Raw::connect(&h);
     for token in [1, 2] {
         raw.region(token, token);
     }
-    assert_eq!(h.memory.free_bytes(), free - 2 * HUGEPAGE);
+    assert_eq!(h.memory_held(), 2 * HUGEPAGE);
     raw.send(Request::Cancel { token: 1 });
-    wait_until("cancel frees", || h.memory.free_bytes() == free - HUGEPAGE);
+    wait_until("cancel frees", || h.memory_held() == HUGEPAGE);
     drop(raw);
-    wait_until("disconnect frees", || h.memory.free_bytes() == free);
+    wait_until("disconnect frees", || h.memory_held() == 0);
     assert!(h
         .engine
         .seen(|s| s.creates.is_empty() && s.destroys.is_empty()));
@@ -244,7 +235,6 @@ fn memory_passed_but_never_registered_is_freed_on_cancel_or_disconnect() {
 fn a_refused_destroy_keeps_the_memory_for_good() {
     let h = Harness::start("quarantine", Behaviour::default());
     let client = h.client();
-    let free = h.memory.free_bytes();
     let ch = client.create_channel(3, 256, LONG).unwrap();
     let id = ChannelId(ch.id());
     h.engine.behave(Behaviour {
@@ -261,7 +251,7 @@ fn a_refused_destroy_keeps_the_memory_for_good() {
     wait_until("quarantined", || h.status().quarantined == 1);
     drop(client);
     wait_until("the app is gone", || h.status().apps == 0);
-    assert_eq!(h.memory.free_bytes(), free - HUGEPAGE);
+    assert_eq!(h.memory_held(), HUGEPAGE);
     assert!(events(&h).contains(&AgentEvent::Quarantined { channel: id }));
 }
 
@@ -269,12 +259,11 @@ fn a_refused_destroy_keeps_the_memory_for_good() {
 fn stopping_the_agent_destroys_every_channel_first() {
     let mut h = Harness::start("stop", Behaviour::default());
     let client = h.client();
-    let free = h.memory.free_bytes();
     let ch = client.create_channel(1, 256, LONG).unwrap();
     let id = ChannelId(ch.id());
     h.stop();
     assert_eq!(h.engine.seen(|s| s.destroys.clone()), vec![id]);
-    assert_eq!(h.memory.free_bytes(), free);
+    assert_eq!(h.memory_held(), 0);
     let st = h.status();
     assert!(st.stopped);
     assert_eq!(st.held_regions, 0);

@@ -262,6 +262,8 @@ struct Harness {
     handle: AgentHandle,
     engine: FakeEngine,
     memory: Arc<MemfdMemory>,
+    /// The guest memory free when the harness started, before any channel.
+    free_at_start: u64,
     dir: PathBuf,
 }
 
@@ -320,6 +322,7 @@ impl Harness {
         cfg: AgentConfig,
     ) -> Self {
         let memory = Arc::new(MemfdMemory::new(32 << 20).unwrap());
+        let free_at_start = memory.free_bytes();
         let mac = nic.mac();
         let engine = FakeEngine::start(wire, mac, memory.clone(), b);
         let backend = MemfdBackend::new(memory.clone()).unwrap();
@@ -331,8 +334,15 @@ impl Harness {
             handle,
             engine,
             memory,
+            free_at_start,
             dir,
         }
+    }
+
+    /// The channel memory the agent holds now: passed to applications or known to the engine,
+    /// and not freed yet.
+    fn memory_held(&self) -> u64 {
+        self.free_at_start - self.memory.free_bytes()
     }
 
     fn client(&self) -> AgentClient {
