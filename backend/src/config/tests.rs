@@ -8,6 +8,28 @@ fn load(specs: &[&str]) -> Result<DaemonConfig, ConfigError> {
     DaemonConfig::load(None, &specs, &EngineOverrides::default(), None)
 }
 
+/// A directory of configuration files, removed when dropped.
+struct ConfigFiles(vmm_sys_util::tempdir::TempDir);
+
+impl ConfigFiles {
+    fn new() -> Self {
+        ConfigFiles(vmm_sys_util::tempdir::TempDir::new().unwrap())
+    }
+
+    /// Writes `text` to the file `name` and returns its path.
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.0.as_path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// Writes `text` to the file `name` and loads it (no guest specs, no overrides).
+    fn load(&self, name: &str, text: &str) -> Result<DaemonConfig, ConfigError> {
+        let path = self.write(name, text);
+        DaemonConfig::load(Some(&path), &[], &EngineOverrides::default(), None)
+    }
+}
+
 #[test]
 fn a_full_guest_spec_parses() {
     let c = load(&["name=vm1,socket=/tmp/a.sock,mac=52:54:00:00:00:01,endpoints=10-20,channels=4"])
@@ -103,17 +125,15 @@ fn each_bad_socket_access_field_is_named_with_its_value() {
 
 #[test]
 fn socket_access_and_admin_settings_load_from_a_toml_file() {
-    let dir = std::env::temp_dir().join(format!("svnic-cfg-access-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let files = ConfigFiles::new();
     let guest =
         "[[guest]]\nname = \"vm1\"\nsocket = \"/tmp/vm1.sock\"\nmac = \"52:54:00:00:00:01\"\n";
-    let good = dir.join("good.toml");
-    std::fs::write(
-        &good,
-        format!("admin_socket_mode = \"0660\"\nadmin_allow_uids = [1000]\n{guest}socket_mode = \"0660\"\nsocket_group = 107\nallow_uids = [0, 107]\n"),
-    )
-    .unwrap();
-    let mut c = DaemonConfig::load(Some(&good), &[], &EngineOverrides::default(), None).unwrap();
+    let mut c = files
+        .load(
+            "good.toml",
+            &format!("admin_socket_mode = \"0660\"\nadmin_allow_uids = [1000]\n{guest}socket_mode = \"0660\"\nsocket_group = 107\nallow_uids = [0, 107]\n"),
+        )
+        .unwrap();
     let a = &c.guests[0].access;
     assert_eq!(
         (a.mode, a.group, a.allow_uids.as_deref()),
@@ -162,17 +182,9 @@ fn socket_access_and_admin_settings_load_from_a_toml_file() {
         ),
     ];
     for (i, (text, field)) in bad_cases.iter().enumerate() {
-        let e = load_file_err(&dir, &format!("bad{i}.toml"), text);
+        let e = files.load(&format!("bad{i}.toml"), text).unwrap_err();
         assert!(e.to_string().contains(field), "{text}: {e}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// Writes `text` to `dir`/`name` and returns the error loading it gives.
-fn load_file_err(dir: &std::path::Path, name: &str, text: &str) -> ConfigError {
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    DaemonConfig::load(Some(&path), &[], &EngineOverrides::default(), None).unwrap_err()
 }
 
 #[test]
@@ -195,29 +207,30 @@ fn duplicates_and_emptiness_are_refused() {
 
 #[test]
 fn a_toml_file_with_engine_settings_loads_and_unknown_keys_fail() {
-    let dir = std::env::temp_dir().join(format!("svnic-cfg-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let good = dir.join("good.toml");
-    std::fs::write(
-        &good,
-        "admin_socket = \"/tmp/x.sock\"\n[engine]\nworkers = 2\nbackpressure_wait_ms = 5\nplacement = \"least-loaded\"\n\
+    let files = ConfigFiles::new();
+    let c = files
+        .load(
+            "good.toml",
+            "admin_socket = \"/tmp/x.sock\"\n[engine]\nworkers = 2\nbackpressure_wait_ms = 5\nplacement = \"least-loaded\"\n\
          [[guest]]\nname = \"vm1\"\nsocket = \"/tmp/vm1.sock\"\nmac = \"52:54:00:00:00:01\"\nchannels = 3\n",
-    )
-    .unwrap();
-    let c = DaemonConfig::load(Some(&good), &[], &EngineOverrides::default(), None).unwrap();
+        )
+        .unwrap();
     assert_eq!(c.engine.workers, 2);
     assert_eq!(c.engine.placement, Placement::LeastLoaded);
     assert_eq!(c.engine.backpressure_wait, Duration::from_millis(5));
     assert_eq!(c.admin_socket, PathBuf::from("/tmp/x.sock"));
     assert_eq!(c.guests[0].policy.max_channels, 3);
-    let e = load_file_err(&dir, "bad.toml", "[engine]\nworkerz = 2\n");
+    let e = files
+        .load("bad.toml", "[engine]\nworkerz = 2\n")
+        .unwrap_err();
     assert!(e.to_string().contains("workerz"), "{e}");
     // A placement outside the accepted ones: the error names the field, the value and the choices.
-    let e = load_file_err(
-        &dir,
+    let e = files
+        .load(
         "bad-placement.toml",
         "[engine]\nplacement = \"fastest\"\n[[guest]]\nname=\"a\"\nsocket=\"/a\"\nmac=\"52:54:00:00:00:01\"\n",
-    );
+    )
+        .unwrap_err();
     for word in [
         "bad-placement.toml",
         "placement",
@@ -227,16 +240,16 @@ fn a_toml_file_with_engine_settings_loads_and_unknown_keys_fail() {
     ] {
         assert!(e.to_string().contains(word), "{word} missing from {e}");
     }
-    let e = load_file_err(
-        &dir,
+    let e = files
+        .load(
         "bad2.toml",
         "[engine]\nworkers = 0\n[[guest]]\nname=\"a\"\nsocket=\"/a\"\nmac=\"52:54:00:00:00:01\"\n",
-    );
+    )
+        .unwrap_err();
     assert!(
         matches!(e, ConfigError::Field { ref field, .. } if field == "workers"),
         "{e}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -249,14 +262,12 @@ fn create_rate_and_byte_budget_load_from_spec_file_and_command_line() {
     assert_eq!((p.create_burst, p.creates_per_sec), (8, 20));
     assert_eq!(c.engine.byte_budget, EngineConfig::default().byte_budget);
 
-    let dir = vmm_sys_util::tempdir::TempDir::new().unwrap();
-    let file = dir.as_path().join("svnic.toml");
-    std::fs::write(
-        &file,
+    let files = ConfigFiles::new();
+    let file = files.write(
+        "svnic.toml",
         "[engine]\nbyte_budget_kib = 64\n[[guest]]\nname = \"a\"\nsocket = \"/tmp/a.sock\"\n\
          mac = \"52:54:00:00:00:01\"\ncreate_burst = 4\ncreates_per_sec = 10\n",
-    )
-    .unwrap();
+    );
     let c = DaemonConfig::load(Some(&file), &[], &EngineOverrides::default(), None).unwrap();
     assert_eq!(c.engine.byte_budget, 64 << 10);
     assert_eq!(
@@ -300,8 +311,7 @@ fn bad_create_rates_and_byte_budgets_are_named_with_their_value() {
 
 #[test]
 fn engine_errors_name_the_configuration_key_and_its_unit() {
-    let dir = std::env::temp_dir().join(format!("svnic-cfg-keys-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let files = ConfigFiles::new();
     for (engine, key, value) in [
         ("byte_budget_kib = 3", "byte_budget_kib", "'3'"),
         ("max_sleep_ms = 0", "max_sleep_ms", "'0'"),
@@ -312,21 +322,13 @@ fn engine_errors_name_the_configuration_key_and_its_unit() {
             "'60001'",
         ),
     ] {
-        let file = dir.join("svnic.toml");
-        std::fs::write(
-            &file,
-            format!(
-                "[engine]\n{engine}\n[[guest]]\nname = \"a\"\nsocket = \"/tmp/a.sock\"\n\
-                 mac = \"52:54:00:00:00:01\"\n"
-            ),
-        )
-        .unwrap();
-        let err = DaemonConfig::load(Some(&file), &[], &EngineOverrides::default(), None)
-            .unwrap_err()
-            .to_string();
+        let text = format!(
+            "[engine]\n{engine}\n[[guest]]\nname = \"a\"\nsocket = \"/tmp/a.sock\"\n\
+             mac = \"52:54:00:00:00:01\"\n"
+        );
+        let err = files.load("svnic.toml", &text).unwrap_err().to_string();
         assert!(err.contains(key) && err.contains(value), "{engine}: {err}");
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 fn load_pools(guests: &[&str], pools: &[&str]) -> Result<DaemonConfig, ConfigError> {
@@ -556,18 +558,12 @@ fn pools_may_not_overlap_each_other_or_the_guests() {
 
 #[test]
 fn a_pool_loads_from_a_toml_file_and_guest_and_pool_keys_stay_apart() {
-    let dir = std::env::temp_dir().join(format!("svnic-cfg-pool-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let files = ConfigFiles::new();
     let pool = "[[pool]]\nname = \"ranks\"\nsocket = \"/tmp/ranks.sock\"\n";
-    let good = dir.join("good.toml");
-    std::fs::write(
-        &good,
-        format!(
-            "{pool}macs = \"52:54:00:10:00:00/24\"\nmax = 64\nchannels = 4\nallow_uids = [1000]\n"
-        ),
-    )
-    .unwrap();
-    let c = DaemonConfig::load(Some(&good), &[], &EngineOverrides::default(), None).unwrap();
+    let good = format!(
+        "{pool}macs = \"52:54:00:10:00:00/24\"\nmax = 64\nchannels = 4\nallow_uids = [1000]\n"
+    );
+    let c = files.load("good.toml", &good).unwrap();
     let p = &c.pools[0];
     assert_eq!(
         (p.name.as_str(), p.max, p.policy.max_channels),
@@ -601,33 +597,15 @@ fn a_pool_loads_from_a_toml_file_and_guest_and_pool_keys_stay_apart() {
         ),
     ];
     for (i, (text, what)) in bad_cases.iter().enumerate() {
-        let e = load_file_err(&dir, &format!("bad-pool{i}.toml"), text);
+        let e = files.load(&format!("bad-pool{i}.toml"), text).unwrap_err();
         assert!(e.to_string().contains(what), "{text}: {e}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Loads `text` with one guest added.
 fn load_file(text: &str) -> Result<DaemonConfig, ConfigError> {
-    let dir = tempfile_dir();
-    let file = dir.join("svnic.toml");
-    std::fs::write(
-        &file,
-        format!(
-            "{text}\n[[guest]]\nname = \"a\"\nsocket = \"/tmp/a.sock\"\nmac = \"52:54:00:00:00:01\"\n"
-        ),
-    )
-    .unwrap();
-    let r = DaemonConfig::load(Some(&file), &[], &EngineOverrides::default(), None);
-    let _ = std::fs::remove_dir_all(&dir);
-    r
-}
-
-fn tempfile_dir() -> PathBuf {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("svnic-uplink-cfg-{}-{n}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    let guest = "[[guest]]\nname = \"a\"\nsocket = \"/tmp/a.sock\"\nmac = \"52:54:00:00:00:01\"\n";
+    ConfigFiles::new().load("svnic.toml", &format!("{text}\n{guest}"))
 }
 
 #[test]
