@@ -8,7 +8,7 @@
 use std::ffi::CStr;
 use std::os::raw::{c_int, c_void};
 use std::ptr::{null, null_mut};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use svnic_backend::config::EngineOverrides;
@@ -30,6 +30,11 @@ const MAC: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x72, 0x01, 0x01]);
 
 /// The provider's environment is process-wide: tests that open domains take this lock.
 static ENV: Mutex<()> = Mutex::new(());
+
+/// Takes [`ENV`] (also after a test that held it failed).
+fn env_lock() -> MutexGuard<'static, ()> {
+    ENV.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Calls slot `$slot` of the operations table at `$table`, as libfabric's inline wrappers do.
 macro_rules! call {
@@ -177,7 +182,7 @@ fn getinfo_answers_hints_and_refuses_what_svnic_lacks() {
 
     // Utility providers (ofi_rxd) ask with libfabric's internal OFI_CORE_PROV_ONLY bit: they
     // get nothing unless FI_SVNIC_RXD=1, then the DGRAM core only, marked for a reliable layer.
-    let env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let env = env_lock();
     std::env::remove_var("FI_SVNIC_RXD");
     assert_eq!(getinfo(v, null(), 1 << 59, None).err(), Some(-FI_ENODATA));
     std::env::set_var("FI_SVNIC_RXD", "1");
@@ -320,7 +325,7 @@ fn getinfo_answers_hints_and_refuses_what_svnic_lacks() {
     assert_eq!(unsafe { fab(&mut attr, &mut out, null_mut()) }, -FI_EINVAL);
 
     // fi_domain with no guest socket configured, or one nobody serves.
-    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let _env = env_lock();
     let (info, fabric) = open_fabric(FI_EP_DGRAM);
     for (socket, want) in [
         (None, -FI_ENODEV),
@@ -462,10 +467,8 @@ const EINVAL: isize = -(FI_EINVAL as isize);
 
 #[test]
 fn endpoints_send_receive_and_refuse_bad_use() {
-    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
-    let d = DaemonFixture::start("fi-api", &[(MAC, "")], EngineOverrides::default());
-    std::env::set_var("FI_SVNIC_SOCKET", d.sock(1));
-    std::env::remove_var("FI_SVNIC_ENDPOINT");
+    let _env = env_lock();
+    let d = attached_daemon("fi-api", &[(MAC, "")], EngineOverrides::default());
     std::env::set_var("FI_SVNIC_PEER_TIMEOUT_MS", "200");
     let (info, fabric) = open_fabric(FI_EP_DGRAM);
     let mut dom = null_mut();
@@ -1122,6 +1125,33 @@ fn close_all(
     free(info);
 }
 
+/// A daemon with `guests`, the provider attached to the first one (`FI_SVNIC_SOCKET`, no fixed
+/// endpoint).
+fn attached_daemon(
+    name: &str,
+    guests: &[(MacAddr, &str)],
+    engine: EngineOverrides,
+) -> DaemonFixture {
+    let d = DaemonFixture::start(name, guests, engine);
+    std::env::set_var("FI_SVNIC_SOCKET", d.sock(1));
+    std::env::remove_var("FI_SVNIC_ENDPOINT");
+    d
+}
+
+/// Inserts the addresses of `eps` into `av`; their handles, in order.
+fn insert_names<const N: usize>(av: *mut FidAv, eps: [*mut FidEp; N]) -> [u64; N] {
+    let names: Vec<u8> = eps.map(getname).concat();
+    let mut h = [0u64; N];
+    assert_eq!(
+        call!(
+            r(av).ops,
+            insert(av, names.as_ptr().cast(), N, h.as_mut_ptr(), 0, null_mut())
+        ),
+        N as c_int
+    );
+    h
+}
+
 /// The RDM fabric's info and fabric, a domain of it and an AV of `av_type`.
 fn rdm_domain(av_type: c_int) -> (*mut FiInfo, *mut FidFabric, *mut FidDomain, *mut FidAv) {
     let (info, fabric) = open_fabric(FI_EP_RDM);
@@ -1142,10 +1172,8 @@ fn rdm_domain(av_type: c_int) -> (*mut FiInfo, *mut FidFabric, *mut FidDomain, *
 
 #[test]
 fn rdm_endpoints_match_tags_and_sources_keep_unexpected_messages_and_report_dead_peers() {
-    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
-    let d = DaemonFixture::start("fi-api-rdm", &[(MAC, "")], EngineOverrides::default());
-    std::env::set_var("FI_SVNIC_SOCKET", d.sock(1));
-    std::env::remove_var("FI_SVNIC_ENDPOINT");
+    let _env = env_lock();
+    let _daemon = attached_daemon("fi-api-rdm", &[(MAC, "")], EngineOverrides::default());
     std::env::set_var("FI_SVNIC_PEER_TIMEOUT_MS", "200");
     let (info, fabric, dom, av) = rdm_domain(FI_AV_MAP);
     // As Open MPI asks: completions by default, and selective completion on the CQ (of a).
@@ -1154,16 +1182,7 @@ fn rdm_endpoints_match_tags_and_sources_keep_unexpected_messages_and_report_dead
     let (a, cq_a) = rdm_endpoint(dom, info, av, op_flags::FI_SELECTIVE_COMPLETION);
     let (b, cq_b) = rdm_endpoint(dom, info, av, 0);
     let (c, cq_c) = rdm_endpoint(dom, info, av, 0);
-    let names: Vec<u8> = [getname(a), getname(b), getname(c)].concat();
-    let mut h = [0u64; 3];
-    assert_eq!(
-        call!(
-            r(av).ops,
-            insert(av, names.as_ptr().cast(), 3, h.as_mut_ptr(), 0, null_mut())
-        ),
-        3
-    );
-    let [to_a, to_b, to_c] = h;
+    let [to_a, to_b, to_c] = insert_names(av, [a, b, c]);
 
     let tsend = |ep: *mut FidEp, buf: &[u8], to: u64, tag: u64, cx: usize| {
         call!(
@@ -1650,9 +1669,7 @@ impl OrderRig {
             backpressure_wait_ms: Some(20),
             ..EngineOverrides::default()
         };
-        let d = DaemonFixture::start(name, &[(MAC, "")], wait);
-        std::env::set_var("FI_SVNIC_SOCKET", d.sock(1));
-        std::env::remove_var("FI_SVNIC_ENDPOINT");
+        let d = attached_daemon(name, &[(MAC, "")], wait);
         std::env::set_var("FI_SVNIC_RX_BUFFERS", "2");
         std::env::set_var("FI_SVNIC_TX_BUFFERS", tx_buffers);
         let (info, fabric, dom, av) = rdm_domain(FI_AV_TABLE);
@@ -1660,15 +1677,7 @@ impl OrderRig {
         let (b, cq_b) = rdm_endpoint(dom, info, av, 0);
         std::env::remove_var("FI_SVNIC_RX_BUFFERS");
         std::env::remove_var("FI_SVNIC_TX_BUFFERS");
-        let names: Vec<u8> = [getname(a), getname(b)].concat();
-        let mut h = [0u64; 2];
-        assert_eq!(
-            call!(
-                r(av).ops,
-                insert(av, names.as_ptr().cast(), 2, h.as_mut_ptr(), 0, null_mut())
-            ),
-            2
-        );
+        let [_, to_b] = insert_names(av, [a, b]);
         for (k, buf) in bufs.iter_mut().enumerate() {
             let rc = call!(
                 r(b).tagged,
@@ -1695,7 +1704,7 @@ impl OrderRig {
             cq_a,
             b,
             cq_b,
-            to_b: h[1],
+            to_b,
         }
     }
 
@@ -1726,7 +1735,12 @@ impl OrderRig {
             .collect()
     }
 
-    fn close(self) {
+    /// Checks that neither CQ has anything more, and closes everything.
+    fn finish(self) {
+        assert!(
+            read_now(self.cq_a, "sender").is_empty() && read_now(self.cq_b, "receiver").is_empty(),
+            "nothing more"
+        );
         let eps_and_cqs = [
             self.a.cast(),
             self.b.cast(),
@@ -1744,7 +1758,7 @@ impl OrderRig {
 /// message arrives exactly once and in send order, and no send fails.
 #[test]
 fn rdm_retried_sends_keep_their_order_behind_a_receiver_that_stopped() {
-    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let _env = env_lock();
     const N: usize = 300;
     let mut bufs = vec![[0u8; 64]; N];
     let rig = OrderRig::start("fi-api-order", "14", &mut bufs);
@@ -1793,11 +1807,7 @@ fn rdm_retried_sends_keep_their_order_behind_a_receiver_that_stopped() {
         svnic_fi::stats::SEND_RETRIES.get() > retries_before,
         "the receiver's stop made the engine answer NoBuffer and the provider retry"
     );
-    assert!(
-        read_now(rig.cq_a, "sender").is_empty() && read_now(rig.cq_b, "receiver").is_empty(),
-        "nothing more"
-    );
-    rig.close();
+    rig.finish();
 }
 
 /// A send that finally fails (its receiver stopped for longer than the 8 retries take) does not
@@ -1806,7 +1816,7 @@ fn rdm_retried_sends_keep_their_order_behind_a_receiver_that_stopped() {
 /// arrive, in order, and the failed ones never do.
 #[test]
 fn rdm_a_send_that_finally_failed_does_not_hold_up_the_later_ones() {
-    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let _env = env_lock();
     const N: usize = 200;
     let mut bufs = vec![[0u8; 64]; N];
     let rig = OrderRig::start("fi-api-skip", "4", &mut bufs);
@@ -1877,11 +1887,7 @@ fn rdm_a_send_that_finally_failed_does_not_hold_up_the_later_ones() {
         delivered,
         "the messages that were not failed, in send order, the last ones too"
     );
-    assert!(
-        read_now(rig.cq_a, "sender").is_empty() && read_now(rig.cq_b, "receiver").is_empty(),
-        "nothing more"
-    );
-    rig.close();
+    rig.finish();
 }
 
 /// An RDM endpoint whose unexpected queue is full still reads its RX ring: b takes 140
@@ -1890,23 +1896,12 @@ fn rdm_a_send_that_finally_failed_does_not_hold_up_the_later_ones() {
 /// arrive, in order and intact.
 #[test]
 fn rdm_an_endpoint_with_a_full_unexpected_queue_still_completes_its_sends() {
-    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
-    let d = DaemonFixture::start("fi-api-full", &[(MAC, "")], EngineOverrides::default());
-    std::env::set_var("FI_SVNIC_SOCKET", d.sock(1));
-    std::env::remove_var("FI_SVNIC_ENDPOINT");
+    let _env = env_lock();
+    let _daemon = attached_daemon("fi-api-full", &[(MAC, "")], EngineOverrides::default());
     let (info, fabric, dom, av) = rdm_domain(FI_AV_TABLE);
     let (a, cq_a) = rdm_endpoint(dom, info, av, 0);
     let (b, cq_b) = rdm_endpoint(dom, info, av, 0);
-    let names: Vec<u8> = [getname(a), getname(b)].concat();
-    let mut h = [0u64; 2];
-    assert_eq!(
-        call!(
-            r(av).ops,
-            insert(av, names.as_ptr().cast(), 2, h.as_mut_ptr(), 0, null_mut())
-        ),
-        2
-    );
-    let [to_a, to_b] = h;
+    let [to_a, to_b] = insert_names(av, [a, b]);
     const N: usize = 140;
     const LEN: usize = 64 << 10;
     const { assert!(N * LEN > svnic_fi::ep::UNEXPECTED_BYTES) };
@@ -2016,15 +2011,13 @@ fn rdm_an_endpoint_with_a_full_unexpected_queue_still_completes_its_sends() {
 /// finds it gone.
 #[test]
 fn rdm_receives_of_broken_messages_in_parts_can_be_cancelled_or_fail() {
-    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let _env = env_lock();
     const MAC2: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x72, 0x01, 0x02]);
-    let d = DaemonFixture::start(
+    let d = attached_daemon(
         "fi-api-parts",
         &[(MAC, ""), (MAC2, "")],
         EngineOverrides::default(),
     );
-    std::env::set_var("FI_SVNIC_SOCKET", d.sock(1));
-    std::env::remove_var("FI_SVNIC_ENDPOINT");
     std::env::set_var("FI_SVNIC_PEER_TIMEOUT_MS", "200");
     let (info, fabric, dom, av) = rdm_domain(FI_AV_TABLE);
     let (b, cq_b) = rdm_endpoint(dom, info, av, 0);
@@ -2154,10 +2147,8 @@ fn rdm_receives_of_broken_messages_in_parts_can_be_cancelled_or_fail() {
 /// that size is sent and received while one byte more is `-FI_EMSGSIZE`.
 #[test]
 fn rdm_max_msg_size_advertised_is_what_the_endpoint_takes() {
-    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
-    let d = DaemonFixture::start("fi-api-maxmsg", &[(MAC, "")], EngineOverrides::default());
-    std::env::set_var("FI_SVNIC_SOCKET", d.sock(1));
-    std::env::remove_var("FI_SVNIC_ENDPOINT");
+    let _env = env_lock();
+    let _daemon = attached_daemon("fi-api-maxmsg", &[(MAC, "")], EngineOverrides::default());
     std::env::set_var("FI_SVNIC_TX_BUFFERS", "4");
     let (info, fabric, dom, av) = rdm_domain(FI_AV_TABLE);
     let max = r(r(info).ep_attr).max_msg_size;
@@ -2165,20 +2156,12 @@ fn rdm_max_msg_size_advertised_is_what_the_endpoint_takes() {
     let (b, cq_b) = rdm_endpoint(dom, info, av, 0);
     std::env::remove_var("FI_SVNIC_TX_BUFFERS");
     assert_eq!(max, 4 * svnic_fi::config::DEFAULT_MAX_MSG_SIZE);
-    let names: Vec<u8> = [getname(a), getname(b)].concat();
-    let mut h = [0u64; 2];
-    assert_eq!(
-        call!(
-            r(av).ops,
-            insert(av, names.as_ptr().cast(), 2, h.as_mut_ptr(), 0, null_mut())
-        ),
-        2
-    );
+    let [_, to_b] = insert_names(av, [a, b]);
     let msg = pattern(max + 1, 5);
     let send = |len: usize| {
         call!(
             r(a).msg,
-            send(a, msg.as_ptr().cast(), len, null_mut(), h[1], ctx(1))
+            send(a, msg.as_ptr().cast(), len, null_mut(), to_b, ctx(1))
         )
     };
     assert_eq!(send(max + 1), -(FI_EMSGSIZE as isize));
