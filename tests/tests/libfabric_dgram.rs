@@ -107,14 +107,15 @@ fn size_and_table_parsing() {
     );
 }
 
+/// A daemon named `name` with two guests (MAC1 and MAC2), and a scratch directory.
+fn two_guests(name: &str) -> (DaemonFixture, ScratchDir) {
+    let d = DaemonFixture::start(name, &[(MAC1, ""), (MAC2, "")], EngineOverrides::default());
+    (d, ScratchDir::new(name).unwrap())
+}
+
 #[test]
 fn fi_pingpong_survivor_of_a_killed_peer_gets_an_error_not_a_hang() {
-    let d = DaemonFixture::start(
-        "fi-kill",
-        &[(MAC1, ""), (MAC2, "")],
-        EngineOverrides::default(),
-    );
-    let scratch = ScratchDir::new("fi-kill").unwrap();
+    let (d, scratch) = two_guests("fi-kill");
     // 16 B goes by fi_inject, which has no completion: only the provider's probe of the peer can
     // end the server's wait for the next message.
     let args = ["-p", "svnic", "-e", "dgram", "-S", "16", "-I", "100000000"];
@@ -126,9 +127,8 @@ fn fi_pingpong_survivor_of_a_killed_peer_gets_an_error_not_a_hang() {
             .map(|w| w.counts.messages)
             .sum()
     };
-    let sockets = (d.sock(1), d.sock(2));
     check_survivor_of_a_killed_client(
-        (&sockets.0, &sockets.1),
+        (&d.sock(1), &d.sock(2)),
         &args,
         scratch.path(),
         moved,
@@ -138,12 +138,7 @@ fn fi_pingpong_survivor_of_a_killed_peer_gets_an_error_not_a_hang() {
 
 #[test]
 fn fi_pingpong_dgram_between_two_guests_every_size_to_64k_verified() {
-    let d = DaemonFixture::start(
-        "fi-pingpong",
-        &[(MAC1, ""), (MAC2, "")],
-        EngineOverrides::default(),
-    );
-    let scratch = ScratchDir::new("fi-pingpong").unwrap();
+    let (d, scratch) = two_guests("fi-pingpong");
     let iterations = "20";
     let common = [
         "-p", "svnic", "-e", "dgram", "-S", "all", "-c", "-I", iterations,
