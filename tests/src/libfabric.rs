@@ -136,25 +136,29 @@ pub fn all_sizes(max: u64) -> Vec<u64> {
     v
 }
 
-/// A fi_pingpong server with `args` attached through `sockets.0`, and once it listens its client
-/// through `sockets.1` (each process's output into its log); on a fresh control port.
-pub fn start_pingpong(
-    sockets: (&Path, &Path),
-    args: &[&str],
-    server_log: &Path,
-    client_log: &Path,
-) -> (KillOnDrop, KillOnDrop) {
-    start_pingpong_env(sockets, &[], args, server_log, client_log)
+/// A fi_pingpong server and its client, each process's output in a log of its own.
+#[derive(Debug)]
+pub struct Pingpong {
+    /// The server.
+    pub server: KillOnDrop,
+    /// The client.
+    pub client: KillOnDrop,
+    /// The server's output.
+    pub server_log: PathBuf,
+    /// The client's output.
+    pub client_log: PathBuf,
 }
 
-/// [`start_pingpong`] with the variables `env` set in both processes.
-pub fn start_pingpong_env(
+/// A fi_pingpong server with `args` attached through `sockets.0`, and once it listens its client
+/// through `sockets.1`, both with the variables `env` set, on a fresh control port; their
+/// outputs go to server.log and client.log in `dir`.
+pub fn start_pingpong(
     sockets: (&Path, &Path),
     env: &[(&str, &str)],
     args: &[&str],
-    server_log: &Path,
-    client_log: &Path,
-) -> (KillOnDrop, KillOnDrop) {
+    dir: &Path,
+) -> Pingpong {
+    let (server_log, client_log) = (dir.join("server.log"), dir.join("client.log"));
     let port = free_port().to_string();
     let spawn = |socket: &Path, extra: &[&str], log: &Path| {
         let out = std::fs::File::create(log).unwrap();
@@ -168,45 +172,38 @@ pub fn start_pingpong_env(
         kill_with_parent(&mut c);
         KillOnDrop(c.spawn().unwrap())
     };
-    let mut server = spawn(sockets.0, &["-B", &port], server_log);
+    let mut server = spawn(sockets.0, &["-B", &port], &server_log);
     let deadline = Instant::now() + Duration::from_secs(30);
     while !listening(port.parse().unwrap()) {
         assert!(Instant::now() < deadline, "the server never listened");
         assert!(server.0.try_wait().unwrap().is_none(), "the server exited");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let client = spawn(sockets.1, &["-P", &port, "127.0.0.1"], client_log);
-    (server, client)
+    let client = spawn(sockets.1, &["-P", &port, "127.0.0.1"], &client_log);
+    Pingpong {
+        server,
+        client,
+        server_log,
+        client_log,
+    }
 }
 
-/// Runs fi_pingpong with `args` between a server attached through `sockets.0` and a client
-/// through `sockets.1` (their logs in `dir`) and checks that both exit 0 within `timeout`; their
-/// outputs, client first.
+/// Runs fi_pingpong as [`start_pingpong`] does and checks that both processes exit 0 within
+/// `timeout`; their outputs, client first.
 pub fn run_pingpong(
-    sockets: (&Path, &Path),
-    args: &[&str],
-    dir: &Path,
-    timeout: Duration,
-) -> [(&'static str, String); 2] {
-    run_pingpong_env(sockets, &[], args, dir, timeout)
-}
-
-/// [`run_pingpong`] with the variables `env` set in both processes.
-pub fn run_pingpong_env(
     sockets: (&Path, &Path),
     env: &[(&str, &str)],
     args: &[&str],
     dir: &Path,
     timeout: Duration,
 ) -> [(&'static str, String); 2] {
-    let (server_log, client_log) = (dir.join("server.log"), dir.join("client.log"));
-    let (mut server, mut client) = start_pingpong_env(sockets, env, args, &server_log, &client_log);
+    let mut p = start_pingpong(sockets, env, args, dir);
     let deadline = Instant::now() + timeout;
-    let client_status = client.wait_until(deadline).unwrap();
-    let server_status = server.wait_until(deadline).unwrap();
+    let client_status = p.client.wait_until(deadline).unwrap();
+    let server_status = p.server.wait_until(deadline).unwrap();
     let outputs = [
-        ("client", std::fs::read_to_string(&client_log).unwrap()),
-        ("server", std::fs::read_to_string(&server_log).unwrap()),
+        ("client", std::fs::read_to_string(&p.client_log).unwrap()),
+        ("server", std::fs::read_to_string(&p.server_log).unwrap()),
     ];
     for ((who, out), status) in outputs.iter().zip([client_status, server_status]) {
         assert!(
@@ -215,6 +212,54 @@ pub fn run_pingpong_env(
         );
     }
     outputs
+}
+
+/// A dead peer is an error for the survivor, not a hang: starts fi_pingpong as
+/// [`start_pingpong`] does with `args` (a run far longer than the test), kills the client once
+/// `messages()` (the engine's count of messages carried) passes 1000, so the out-of-band address
+/// exchange is over, and checks that the server then exits within 60 s, failing a completion
+/// read for the dead peer. `what` begins the failure messages.
+pub fn check_survivor_of_a_killed_client(
+    sockets: (&Path, &Path),
+    args: &[&str],
+    dir: &Path,
+    messages: impl Fn() -> u64,
+    what: &str,
+) {
+    let mut p = start_pingpong(sockets, &[], args, dir);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(
+            p.client.0.try_wait().unwrap().is_none(),
+            "{what}: the client ended early:\n{}",
+            std::fs::read_to_string(&p.client_log).unwrap()
+        );
+        if messages() >= 1000 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: no traffic through the engine"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    p.client.0.kill().unwrap();
+    p.client.0.wait().unwrap();
+    let killed = Instant::now();
+    let status = p
+        .server
+        .wait_until(killed + Duration::from_secs(60))
+        .unwrap();
+    let out = std::fs::read_to_string(&p.server_log).unwrap();
+    let status = status.unwrap_or_else(|| {
+        panic!("{what}: the server still waits 60 s after its peer died:\n{out}")
+    });
+    assert!(!status.success(), "{what}: {out}");
+    assert!(
+        out.contains("cq_readerr: svnic: no route to destination")
+            || out.contains("cq_readerr: svnic: destination channel gone"),
+        "{what}: {status:?}\n{out}"
+    );
 }
 
 /// The sizes of `who`'s result table in `out`, after checking that every size had `iterations`

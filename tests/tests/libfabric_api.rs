@@ -8,7 +8,7 @@
 use std::ffi::CStr;
 use std::os::raw::{c_int, c_void};
 use std::ptr::{null, null_mut};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use svnic_backend::config::EngineOverrides;
@@ -30,6 +30,11 @@ const MAC: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x72, 0x01, 0x01]);
 
 /// The provider's environment is process-wide: tests that open domains take this lock.
 static ENV: Mutex<()> = Mutex::new(());
+
+/// Takes [`ENV`] (also after a test that held it failed).
+fn env_lock() -> MutexGuard<'static, ()> {
+    ENV.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Calls slot `$slot` of the operations table at `$table`, as libfabric's inline wrappers do.
 macro_rules! call {
@@ -177,7 +182,7 @@ fn getinfo_answers_hints_and_refuses_what_svnic_lacks() {
 
     // Utility providers (ofi_rxd) ask with libfabric's internal OFI_CORE_PROV_ONLY bit: they
     // get nothing unless FI_SVNIC_RXD=1, then the DGRAM core only, marked for a reliable layer.
-    let env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let env = env_lock();
     std::env::remove_var("FI_SVNIC_RXD");
     assert_eq!(getinfo(v, null(), 1 << 59, None).err(), Some(-FI_ENODATA));
     std::env::set_var("FI_SVNIC_RXD", "1");
@@ -320,7 +325,7 @@ fn getinfo_answers_hints_and_refuses_what_svnic_lacks() {
     assert_eq!(unsafe { fab(&mut attr, &mut out, null_mut()) }, -FI_EINVAL);
 
     // fi_domain with no guest socket configured, or one nobody serves.
-    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let _env = env_lock();
     let (info, fabric) = open_fabric(FI_EP_DGRAM);
     for (socket, want) in [
         (None, -FI_ENODEV),
@@ -462,10 +467,8 @@ const EINVAL: isize = -(FI_EINVAL as isize);
 
 #[test]
 fn endpoints_send_receive_and_refuse_bad_use() {
-    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
-    let d = DaemonFixture::start("fi-api", &[(MAC, "")], EngineOverrides::default());
-    std::env::set_var("FI_SVNIC_SOCKET", d.sock(1));
-    std::env::remove_var("FI_SVNIC_ENDPOINT");
+    let _env = env_lock();
+    let d = attached_daemon("fi-api", &[(MAC, "")], EngineOverrides::default());
     std::env::set_var("FI_SVNIC_PEER_TIMEOUT_MS", "200");
     let (info, fabric) = open_fabric(FI_EP_DGRAM);
     let mut dom = null_mut();
@@ -1061,6 +1064,40 @@ fn endpoints_send_receive_and_refuse_bad_use() {
     );
 }
 
+/// `fi_tsend` of `buf` to `to` with `tag` and context `ctx(cx)`.
+fn tsend(ep: *mut FidEp, buf: &[u8], to: u64, tag: u64, cx: usize) -> isize {
+    call!(
+        r(ep).tagged,
+        send(
+            ep,
+            buf.as_ptr().cast(),
+            buf.len(),
+            null_mut(),
+            to,
+            tag,
+            ctx(cx)
+        )
+    )
+}
+
+/// `fi_trecv` into `buf` of a message from `from` whose tag matches `tag` but for the `ignore`
+/// bits, with context `ctx(cx)`.
+fn trecv(ep: *mut FidEp, buf: &mut [u8], from: u64, tag: u64, ignore: u64, cx: usize) -> isize {
+    call!(
+        r(ep).tagged,
+        recv(
+            ep,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            null_mut(),
+            from,
+            tag,
+            ignore,
+            ctx(cx)
+        )
+    )
+}
+
 /// Reads `n` completions of a TAGGED-format `cq` (or stops at an error entry).
 fn read_tagged(cq: *mut FidCq, n: usize) -> Result<Vec<FiCqTaggedEntry>, isize> {
     let mut got = Vec::new();
@@ -1122,6 +1159,33 @@ fn close_all(
     free(info);
 }
 
+/// A daemon with `guests`, the provider attached to the first one (`FI_SVNIC_SOCKET`, no fixed
+/// endpoint).
+fn attached_daemon(
+    name: &str,
+    guests: &[(MacAddr, &str)],
+    engine: EngineOverrides,
+) -> DaemonFixture {
+    let d = DaemonFixture::start(name, guests, engine);
+    std::env::set_var("FI_SVNIC_SOCKET", d.sock(1));
+    std::env::remove_var("FI_SVNIC_ENDPOINT");
+    d
+}
+
+/// Inserts the addresses of `eps` into `av`; their handles, in order.
+fn insert_names<const N: usize>(av: *mut FidAv, eps: [*mut FidEp; N]) -> [u64; N] {
+    let names: Vec<u8> = eps.map(getname).concat();
+    let mut h = [0u64; N];
+    assert_eq!(
+        call!(
+            r(av).ops,
+            insert(av, names.as_ptr().cast(), N, h.as_mut_ptr(), 0, null_mut())
+        ),
+        N as c_int
+    );
+    h
+}
+
 /// The RDM fabric's info and fabric, a domain of it and an AV of `av_type`.
 fn rdm_domain(av_type: c_int) -> (*mut FiInfo, *mut FidFabric, *mut FidDomain, *mut FidAv) {
     let (info, fabric) = open_fabric(FI_EP_RDM);
@@ -1140,60 +1204,80 @@ fn rdm_domain(av_type: c_int) -> (*mut FiInfo, *mut FidFabric, *mut FidDomain, *
     (info, fabric, dom, av)
 }
 
+/// What every RDM test opens first: the environment lock (held until it closes), a daemon
+/// whose first guest the provider attaches to, and the RDM fabric's info and fabric, a domain
+/// and an AV.
+struct RdmDomain {
+    daemon: DaemonFixture,
+    info: *mut FiInfo,
+    fabric: *mut FidFabric,
+    dom: *mut FidDomain,
+    av: *mut FidAv,
+    _env: MutexGuard<'static, ()>,
+}
+
+impl RdmDomain {
+    /// Opens it on a daemon of one guest: an AV of `av_type`, the provider's variables `env` set
+    /// while the domain (which keeps the configuration they give) opens.
+    fn open(name: &str, av_type: c_int, env: &[(&str, &str)]) -> RdmDomain {
+        let engine = EngineOverrides::default();
+        RdmDomain::open_with(name, &[(MAC, "")], engine, av_type, env)
+    }
+
+    /// [`RdmDomain::open`] on a daemon of `guests` with the engine settings `engine`.
+    fn open_with(
+        name: &str,
+        guests: &[(MacAddr, &str)],
+        engine: EngineOverrides,
+        av_type: c_int,
+        env: &[(&str, &str)],
+    ) -> RdmDomain {
+        let lock = env_lock();
+        let daemon = attached_daemon(name, guests, engine);
+        for (k, v) in env {
+            std::env::set_var(k, v);
+        }
+        let (info, fabric, dom, av) = rdm_domain(av_type);
+        for (k, _) in env {
+            std::env::remove_var(k);
+        }
+        RdmDomain {
+            daemon,
+            info,
+            fabric,
+            dom,
+            av,
+            _env: lock,
+        }
+    }
+
+    /// An endpoint as [`rdm_endpoint`] opens it.
+    fn endpoint(&self, cq_flags: u64) -> (*mut FidEp, *mut FidCq) {
+        rdm_endpoint(self.dom, self.info, self.av, cq_flags)
+    }
+
+    /// Closes `fids` (endpoints, then CQs), then everything it opened.
+    fn close(self, fids: &[*mut Fid]) {
+        close_all(fids, self.av, self.dom, self.fabric, self.info);
+    }
+}
+
 #[test]
 fn rdm_endpoints_match_tags_and_sources_keep_unexpected_messages_and_report_dead_peers() {
-    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
-    let d = DaemonFixture::start("fi-api-rdm", &[(MAC, "")], EngineOverrides::default());
-    std::env::set_var("FI_SVNIC_SOCKET", d.sock(1));
-    std::env::remove_var("FI_SVNIC_ENDPOINT");
-    std::env::set_var("FI_SVNIC_PEER_TIMEOUT_MS", "200");
-    let (info, fabric, dom, av) = rdm_domain(FI_AV_MAP);
+    let rdm = RdmDomain::open(
+        "fi-api-rdm",
+        FI_AV_MAP,
+        &[("FI_SVNIC_PEER_TIMEOUT_MS", "200")],
+    );
+    let (info, av) = (rdm.info, rdm.av);
     // As Open MPI asks: completions by default, and selective completion on the CQ (of a).
     // SAFETY: the live attributes of the provider's list.
     unsafe { (*r(info).tx_attr).op_flags = op_flags::FI_COMPLETION };
-    let (a, cq_a) = rdm_endpoint(dom, info, av, op_flags::FI_SELECTIVE_COMPLETION);
-    let (b, cq_b) = rdm_endpoint(dom, info, av, 0);
-    let (c, cq_c) = rdm_endpoint(dom, info, av, 0);
-    let names: Vec<u8> = [getname(a), getname(b), getname(c)].concat();
-    let mut h = [0u64; 3];
-    assert_eq!(
-        call!(
-            r(av).ops,
-            insert(av, names.as_ptr().cast(), 3, h.as_mut_ptr(), 0, null_mut())
-        ),
-        3
-    );
-    let [to_a, to_b, to_c] = h;
+    let (a, cq_a) = rdm.endpoint(op_flags::FI_SELECTIVE_COMPLETION);
+    let (b, cq_b) = rdm.endpoint(0);
+    let (c, cq_c) = rdm.endpoint(0);
+    let [to_a, to_b, to_c] = insert_names(av, [a, b, c]);
 
-    let tsend = |ep: *mut FidEp, buf: &[u8], to: u64, tag: u64, cx: usize| {
-        call!(
-            r(ep).tagged,
-            send(
-                ep,
-                buf.as_ptr().cast(),
-                buf.len(),
-                null_mut(),
-                to,
-                tag,
-                ctx(cx)
-            )
-        )
-    };
-    let trecv = |ep: *mut FidEp, buf: &mut [u8], from: u64, tag: u64, ignore: u64, cx: usize| {
-        call!(
-            r(ep).tagged,
-            recv(
-                ep,
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                null_mut(),
-                from,
-                tag,
-                ignore,
-                ctx(cx)
-            )
-        )
-    };
     // Selective completion on a, FI_COMPLETION in its default op_flags: plain sends report,
     // `*msg` sends only with FI_COMPLETION in their flags.
     let send_done = |cx: usize| {
@@ -1608,8 +1692,7 @@ fn rdm_endpoints_match_tags_and_sources_keep_unexpected_messages_and_report_dead
     let err = read_err(cq_b);
     assert_eq!((err.op_context as usize, err.err), (300, FI_ECANCELED));
 
-    let eps_and_cqs = [a.cast(), b.cast(), cq_a.cast(), cq_b.cast(), cq_c.cast()];
-    close_all(&eps_and_cqs, av, dom, fabric, info);
+    rdm.close(&[a.cast(), b.cast(), cq_a.cast(), cq_b.cast(), cq_c.cast()]);
 }
 
 /// The entries of `cq` there are now (tagged format), none if it has none; panics on an error
@@ -1632,11 +1715,7 @@ fn read_now(cq: *mut FidCq, who: &str) -> Vec<FiCqTaggedEntry> {
 /// buffer: b with two bounce buffers and `bufs.len()` tagged receives (tag 7) of 64 bytes posted
 /// into `bufs`, a with `tx_buffers` staging slots.
 struct OrderRig {
-    _d: DaemonFixture,
-    info: *mut FiInfo,
-    fabric: *mut FidFabric,
-    dom: *mut FidDomain,
-    av: *mut FidAv,
+    rdm: RdmDomain,
     a: *mut FidEp,
     cq_a: *mut FidCq,
     b: *mut FidEp,
@@ -1650,52 +1729,24 @@ impl OrderRig {
             backpressure_wait_ms: Some(20),
             ..EngineOverrides::default()
         };
-        let d = DaemonFixture::start(name, &[(MAC, "")], wait);
-        std::env::set_var("FI_SVNIC_SOCKET", d.sock(1));
-        std::env::remove_var("FI_SVNIC_ENDPOINT");
-        std::env::set_var("FI_SVNIC_RX_BUFFERS", "2");
-        std::env::set_var("FI_SVNIC_TX_BUFFERS", tx_buffers);
-        let (info, fabric, dom, av) = rdm_domain(FI_AV_TABLE);
-        let (a, cq_a) = rdm_endpoint(dom, info, av, 0);
-        let (b, cq_b) = rdm_endpoint(dom, info, av, 0);
-        std::env::remove_var("FI_SVNIC_RX_BUFFERS");
-        std::env::remove_var("FI_SVNIC_TX_BUFFERS");
-        let names: Vec<u8> = [getname(a), getname(b)].concat();
-        let mut h = [0u64; 2];
-        assert_eq!(
-            call!(
-                r(av).ops,
-                insert(av, names.as_ptr().cast(), 2, h.as_mut_ptr(), 0, null_mut())
-            ),
-            2
-        );
+        let env = [
+            ("FI_SVNIC_RX_BUFFERS", "2"),
+            ("FI_SVNIC_TX_BUFFERS", tx_buffers),
+        ];
+        let rdm = RdmDomain::open_with(name, &[(MAC, "")], wait, FI_AV_TABLE, &env);
+        let (a, cq_a) = rdm.endpoint(0);
+        let (b, cq_b) = rdm.endpoint(0);
+        let [_, to_b] = insert_names(rdm.av, [a, b]);
         for (k, buf) in bufs.iter_mut().enumerate() {
-            let rc = call!(
-                r(b).tagged,
-                recv(
-                    b,
-                    buf.as_mut_ptr().cast(),
-                    64,
-                    null_mut(),
-                    FI_ADDR_UNSPEC,
-                    7,
-                    0,
-                    ctx(k)
-                )
-            );
-            assert_eq!(rc, 0);
+            assert_eq!(trecv(b, buf, FI_ADDR_UNSPEC, 7, 0, k), 0);
         }
         OrderRig {
-            _d: d,
-            info,
-            fabric,
-            dom,
-            av,
+            rdm,
             a,
             cq_a,
             b,
             cq_b,
-            to_b: h[1],
+            to_b,
         }
     }
 
@@ -1704,19 +1755,7 @@ impl OrderRig {
     fn send(&self, k: usize, n: usize) -> isize {
         let mut m = [0u8; 64];
         m[..8].copy_from_slice(&(k as u64).to_le_bytes());
-        let a = self.a;
-        call!(
-            r(a).tagged,
-            send(
-                a,
-                m.as_ptr().cast(),
-                64,
-                null_mut(),
-                self.to_b,
-                7,
-                ctx(n + k)
-            )
-        )
+        tsend(self.a, &m, self.to_b, 7, n + k)
     }
 
     /// The message numbers in `bufs`.
@@ -1726,14 +1765,19 @@ impl OrderRig {
             .collect()
     }
 
-    fn close(self) {
+    /// Checks that neither CQ has anything more, and closes everything.
+    fn finish(self) {
+        assert!(
+            read_now(self.cq_a, "sender").is_empty() && read_now(self.cq_b, "receiver").is_empty(),
+            "nothing more"
+        );
         let eps_and_cqs = [
             self.a.cast(),
             self.b.cast(),
             self.cq_a.cast(),
             self.cq_b.cast(),
         ];
-        close_all(&eps_and_cqs, self.av, self.dom, self.fabric, self.info);
+        self.rdm.close(&eps_and_cqs);
     }
 }
 
@@ -1744,7 +1788,6 @@ impl OrderRig {
 /// message arrives exactly once and in send order, and no send fails.
 #[test]
 fn rdm_retried_sends_keep_their_order_behind_a_receiver_that_stopped() {
-    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
     const N: usize = 300;
     let mut bufs = vec![[0u8; 64]; N];
     let rig = OrderRig::start("fi-api-order", "14", &mut bufs);
@@ -1793,11 +1836,7 @@ fn rdm_retried_sends_keep_their_order_behind_a_receiver_that_stopped() {
         svnic_fi::stats::SEND_RETRIES.get() > retries_before,
         "the receiver's stop made the engine answer NoBuffer and the provider retry"
     );
-    assert!(
-        read_now(rig.cq_a, "sender").is_empty() && read_now(rig.cq_b, "receiver").is_empty(),
-        "nothing more"
-    );
-    rig.close();
+    rig.finish();
 }
 
 /// A send that finally fails (its receiver stopped for longer than the 8 retries take) does not
@@ -1806,7 +1845,6 @@ fn rdm_retried_sends_keep_their_order_behind_a_receiver_that_stopped() {
 /// arrive, in order, and the failed ones never do.
 #[test]
 fn rdm_a_send_that_finally_failed_does_not_hold_up_the_later_ones() {
-    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
     const N: usize = 200;
     let mut bufs = vec![[0u8; 64]; N];
     let rig = OrderRig::start("fi-api-skip", "4", &mut bufs);
@@ -1877,11 +1915,7 @@ fn rdm_a_send_that_finally_failed_does_not_hold_up_the_later_ones() {
         delivered,
         "the messages that were not failed, in send order, the last ones too"
     );
-    assert!(
-        read_now(rig.cq_a, "sender").is_empty() && read_now(rig.cq_b, "receiver").is_empty(),
-        "nothing more"
-    );
-    rig.close();
+    rig.finish();
 }
 
 /// An RDM endpoint whose unexpected queue is full still reads its RX ring: b takes 140
@@ -1890,23 +1924,10 @@ fn rdm_a_send_that_finally_failed_does_not_hold_up_the_later_ones() {
 /// arrive, in order and intact.
 #[test]
 fn rdm_an_endpoint_with_a_full_unexpected_queue_still_completes_its_sends() {
-    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
-    let d = DaemonFixture::start("fi-api-full", &[(MAC, "")], EngineOverrides::default());
-    std::env::set_var("FI_SVNIC_SOCKET", d.sock(1));
-    std::env::remove_var("FI_SVNIC_ENDPOINT");
-    let (info, fabric, dom, av) = rdm_domain(FI_AV_TABLE);
-    let (a, cq_a) = rdm_endpoint(dom, info, av, 0);
-    let (b, cq_b) = rdm_endpoint(dom, info, av, 0);
-    let names: Vec<u8> = [getname(a), getname(b)].concat();
-    let mut h = [0u64; 2];
-    assert_eq!(
-        call!(
-            r(av).ops,
-            insert(av, names.as_ptr().cast(), 2, h.as_mut_ptr(), 0, null_mut())
-        ),
-        2
-    );
-    let [to_a, to_b] = h;
+    let rdm = RdmDomain::open("fi-api-full", FI_AV_TABLE, &[]);
+    let (a, cq_a) = rdm.endpoint(0);
+    let (b, cq_b) = rdm.endpoint(0);
+    let [to_a, to_b] = insert_names(rdm.av, [a, b]);
     const N: usize = 140;
     const LEN: usize = 64 << 10;
     const { assert!(N * LEN > svnic_fi::ep::UNEXPECTED_BYTES) };
@@ -1916,12 +1937,7 @@ fn rdm_an_endpoint_with_a_full_unexpected_queue_still_completes_its_sends() {
     while done < N {
         assert!(Instant::now() < deadline, "sent {sent}, {done} completions");
         if sent < N {
-            let m = &msgs[sent];
-            let rc = call!(
-                r(a).tagged,
-                send(a, m.as_ptr().cast(), LEN, null_mut(), to_b, 9, ctx(sent))
-            );
-            match rc {
+            match tsend(a, &msgs[sent], to_b, 9, sent) {
                 0 => sent += 1,
                 EAGAIN => {}
                 rc => panic!("send {sent}: {rc}"),
@@ -1933,34 +1949,9 @@ fn rdm_an_endpoint_with_a_full_unexpected_queue_still_completes_its_sends() {
 
     // b's own send completes although its unexpected queue is over its bounds.
     let mut back = [0u8; 64];
-    let rc = call!(
-        r(a).tagged,
-        recv(
-            a,
-            back.as_mut_ptr().cast(),
-            back.len(),
-            null_mut(),
-            FI_ADDR_UNSPEC,
-            1,
-            0,
-            ctx(1000)
-        )
-    );
-    assert_eq!(rc, 0);
+    assert_eq!(trecv(a, &mut back, FI_ADDR_UNSPEC, 1, 0, 1000), 0);
     let hello = pattern(64, 77);
-    let rc = call!(
-        r(b).tagged,
-        send(
-            b,
-            hello.as_ptr().cast(),
-            hello.len(),
-            null_mut(),
-            to_a,
-            1,
-            ctx(2000)
-        )
-    );
-    assert_eq!(rc, 0);
+    assert_eq!(tsend(b, &hello, to_a, 1, 2000), 0);
     let mut b_done = Vec::new();
     let mut a_got = Vec::new();
     while b_done.is_empty() || a_got.is_empty() {
@@ -1981,20 +1972,7 @@ fn rdm_an_endpoint_with_a_full_unexpected_queue_still_completes_its_sends() {
     // Nothing was lost: every unexpected message is received, in order.
     let mut bufs = vec![vec![0u8; LEN]; N];
     for (k, buf) in bufs.iter_mut().enumerate() {
-        let rc = call!(
-            r(b).tagged,
-            recv(
-                b,
-                buf.as_mut_ptr().cast(),
-                LEN,
-                null_mut(),
-                FI_ADDR_UNSPEC,
-                9,
-                0,
-                ctx(k)
-            )
-        );
-        assert_eq!(rc, 0, "receive {k}");
+        assert_eq!(trecv(b, buf, FI_ADDR_UNSPEC, 9, 0, k), 0, "receive {k}");
     }
     let got = read_tagged(cq_b, N).unwrap();
     let order: Vec<usize> = got
@@ -2005,7 +1983,7 @@ fn rdm_an_endpoint_with_a_full_unexpected_queue_still_completes_its_sends() {
     assert!(got.iter().all(|e| e.data_entry.len == LEN && e.tag == 9));
     assert!(bufs == msgs, "the messages' bytes, in send order");
     let eps_and_cqs = [a.cast(), b.cast(), cq_a.cast(), cq_b.cast()];
-    close_all(&eps_and_cqs, av, dom, fabric, info);
+    rdm.close(&eps_and_cqs);
 }
 
 /// Messages in parts from a peer that does not follow the protocol, sent through a raw channel
@@ -2016,38 +1994,24 @@ fn rdm_an_endpoint_with_a_full_unexpected_queue_still_completes_its_sends() {
 /// finds it gone.
 #[test]
 fn rdm_receives_of_broken_messages_in_parts_can_be_cancelled_or_fail() {
-    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
     const MAC2: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x72, 0x01, 0x02]);
-    let d = DaemonFixture::start(
-        "fi-api-parts",
-        &[(MAC, ""), (MAC2, "")],
-        EngineOverrides::default(),
-    );
-    std::env::set_var("FI_SVNIC_SOCKET", d.sock(1));
-    std::env::remove_var("FI_SVNIC_ENDPOINT");
-    std::env::set_var("FI_SVNIC_PEER_TIMEOUT_MS", "200");
-    let (info, fabric, dom, av) = rdm_domain(FI_AV_TABLE);
-    let (b, cq_b) = rdm_endpoint(dom, info, av, 0);
-    std::env::remove_var("FI_SVNIC_PEER_TIMEOUT_MS");
+    let guests = [(MAC, ""), (MAC2, "")];
+    let env = [("FI_SVNIC_PEER_TIMEOUT_MS", "200")];
+    let engine = EngineOverrides::default();
+    let rdm = RdmDomain::open_with("fi-api-parts", &guests, engine, FI_AV_TABLE, &env);
+    let av = rdm.av;
+    let (b, cq_b) = rdm.endpoint(0);
     let to = addr::decode(&getname(b)).unwrap();
-    let peer = d.guest(2);
+    let peer = rdm.daemon.guest(2);
     let mut raw = peer
         .create_channel(1, 256, Duration::from_secs(10))
         .unwrap();
     let raw_addr = addr::encode(raw.addr());
+    // Posts a receive (context `cx`) into `buf`, then sends from the raw channel message `seq`,
+    // announced as `total` bytes in parts (None: whole), with `payload`.
     let mut cookie = 0;
-    let mut send_raw = |h: svnic_fi::rdm::Header, payload: &[u8]| {
-        let (hb, n) = h.encode();
-        let mut m = hb[..n].to_vec();
-        m.extend_from_slice(payload);
-        cookie += 1;
-        assert!(raw
-            .send_user(to, cookie, &m, svnic_client::Completions::OnError)
-            .unwrap());
-        raw.flush().unwrap();
-    };
-    let recv = |buf: &mut [u8], cx: usize| {
-        call!(
+    let mut recv_raw = |buf: &mut [u8], cx: usize, seq: u32, total: Option<u64>, payload: &[u8]| {
+        let rc = call!(
             r(b).msg,
             recv(
                 b,
@@ -2057,7 +2021,21 @@ fn rdm_receives_of_broken_messages_in_parts_can_be_cancelled_or_fail() {
                 FI_ADDR_UNSPEC,
                 ctx(cx)
             )
-        )
+        );
+        assert_eq!(rc, 0);
+        let h = svnic_fi::rdm::Header {
+            seq: Some(seq),
+            total,
+            ..Default::default()
+        };
+        let (hb, n) = h.encode();
+        let mut m = hb[..n].to_vec();
+        m.extend_from_slice(payload);
+        cookie += 1;
+        assert!(raw
+            .send_user(to, cookie, &m, svnic_client::Completions::OnError)
+            .unwrap());
+        raw.flush().unwrap();
     };
     let settle = || {
         let t = Instant::now();
@@ -2069,13 +2047,7 @@ fn rdm_receives_of_broken_messages_in_parts_can_be_cancelled_or_fail() {
 
     // A first part of a 1000-byte message, and nothing more: the receive can be cancelled.
     let mut buf1 = [0u8; 2000];
-    assert_eq!(recv(&mut buf1, 1), 0);
-    let first = svnic_fi::rdm::Header {
-        seq: Some(0),
-        total: Some(1000),
-        ..Default::default()
-    };
-    send_raw(first, &[1; 10]);
+    recv_raw(&mut buf1, 1, 0, Some(1000), &[1; 10]);
     settle();
     assert_eq!(
         call!(r(b).ops, cancel(b.cast(), ctx(1))),
@@ -2087,24 +2059,13 @@ fn rdm_receives_of_broken_messages_in_parts_can_be_cancelled_or_fail() {
 
     // A first part with more bytes than the message it announces fails its receive.
     let mut buf2 = [0u8; 2000];
-    assert_eq!(recv(&mut buf2, 2), 0);
-    let short = svnic_fi::rdm::Header {
-        seq: Some(1),
-        total: Some(4),
-        ..Default::default()
-    };
-    send_raw(short, &[2; 10]);
+    recv_raw(&mut buf2, 2, 1, Some(4), &[2; 10]);
     let err = read_err(cq_b);
     assert_eq!((err.op_context as usize, err.err), (2, FI_EIO));
 
     // The sender's next message is received as usual.
     let mut buf3 = [0u8; 64];
-    assert_eq!(recv(&mut buf3, 3), 0);
-    let plain = svnic_fi::rdm::Header {
-        seq: Some(2),
-        ..Default::default()
-    };
-    send_raw(plain, &[3; 5]);
+    recv_raw(&mut buf3, 3, 2, None, &[3; 5]);
     let got = read_tagged(cq_b, 1).unwrap();
     assert_eq!(
         (got[0].data_entry.op_context as usize, got[0].data_entry.len),
@@ -2130,13 +2091,7 @@ fn rdm_receives_of_broken_messages_in_parts_can_be_cancelled_or_fail() {
         0
     );
     let mut buf4 = [0u8; 2000];
-    assert_eq!(recv(&mut buf4, 4), 0);
-    let first = svnic_fi::rdm::Header {
-        seq: Some(3),
-        total: Some(1000),
-        ..Default::default()
-    };
-    send_raw(first, &[4; 10]);
+    recv_raw(&mut buf4, 4, 3, Some(1000), &[4; 10]);
     settle();
     peer.destroy_channel(raw, Duration::from_secs(10)).unwrap();
     let err = read_err(cq_b);
@@ -2146,7 +2101,7 @@ fn rdm_receives_of_broken_messages_in_parts_can_be_cancelled_or_fail() {
         "{}",
         err.err
     );
-    close_all(&[b.cast(), cq_b.cast()], av, dom, fabric, info);
+    rdm.close(&[b.cast(), cq_b.cast()]);
 }
 
 /// The RDM `max_msg_size` fi_getinfo advertises is what the endpoint accepts: with 4 staging
@@ -2154,31 +2109,21 @@ fn rdm_receives_of_broken_messages_in_parts_can_be_cancelled_or_fail() {
 /// that size is sent and received while one byte more is `-FI_EMSGSIZE`.
 #[test]
 fn rdm_max_msg_size_advertised_is_what_the_endpoint_takes() {
-    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
-    let d = DaemonFixture::start("fi-api-maxmsg", &[(MAC, "")], EngineOverrides::default());
-    std::env::set_var("FI_SVNIC_SOCKET", d.sock(1));
-    std::env::remove_var("FI_SVNIC_ENDPOINT");
-    std::env::set_var("FI_SVNIC_TX_BUFFERS", "4");
-    let (info, fabric, dom, av) = rdm_domain(FI_AV_TABLE);
-    let max = r(r(info).ep_attr).max_msg_size;
-    let (a, cq_a) = rdm_endpoint(dom, info, av, 0);
-    let (b, cq_b) = rdm_endpoint(dom, info, av, 0);
-    std::env::remove_var("FI_SVNIC_TX_BUFFERS");
-    assert_eq!(max, 4 * svnic_fi::config::DEFAULT_MAX_MSG_SIZE);
-    let names: Vec<u8> = [getname(a), getname(b)].concat();
-    let mut h = [0u64; 2];
-    assert_eq!(
-        call!(
-            r(av).ops,
-            insert(av, names.as_ptr().cast(), 2, h.as_mut_ptr(), 0, null_mut())
-        ),
-        2
+    let rdm = RdmDomain::open(
+        "fi-api-maxmsg",
+        FI_AV_TABLE,
+        &[("FI_SVNIC_TX_BUFFERS", "4")],
     );
+    let max = r(r(rdm.info).ep_attr).max_msg_size;
+    let (a, cq_a) = rdm.endpoint(0);
+    let (b, cq_b) = rdm.endpoint(0);
+    assert_eq!(max, 4 * svnic_fi::config::DEFAULT_MAX_MSG_SIZE);
+    let [_, to_b] = insert_names(rdm.av, [a, b]);
     let msg = pattern(max + 1, 5);
     let send = |len: usize| {
         call!(
             r(a).msg,
-            send(a, msg.as_ptr().cast(), len, null_mut(), h[1], ctx(1))
+            send(a, msg.as_ptr().cast(), len, null_mut(), to_b, ctx(1))
         )
     };
     assert_eq!(send(max + 1), -(FI_EMSGSIZE as isize));
@@ -2213,5 +2158,5 @@ fn rdm_max_msg_size_advertised_is_what_the_endpoint_takes() {
     assert_eq!(got[0].data_entry.len, max);
     assert!(buf[..] == msg[..max]);
     let eps_and_cqs = [a.cast(), b.cast(), cq_a.cast(), cq_b.cast()];
-    close_all(&eps_and_cqs, av, dom, fabric, info);
+    rdm.close(&eps_and_cqs);
 }

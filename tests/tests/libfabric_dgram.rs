@@ -6,28 +6,34 @@
 #![allow(clippy::unwrap_used)]
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use svnic_backend::config::EngineOverrides;
 use svnic_channels::MacAddr;
 use svnic_tests::daemon_fixture::DaemonFixture;
 use svnic_tests::daemon_proc::ScratchDir;
 use svnic_tests::libfabric::{
-    acked_sizes, all_sizes, fi_tool, parse_pingpong, parse_size, run, run_pingpong, start_pingpong,
-    PingpongLine,
+    acked_sizes, all_sizes, check_survivor_of_a_killed_client, fi_tool, parse_pingpong, parse_size,
+    run, run_pingpong, PingpongLine,
 };
 
 const MAC1: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x71, 0x01, 0x01]);
 const MAC2: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x71, 0x01, 0x02]);
 const LONG: Duration = Duration::from_secs(180);
 
+/// `fi_info` with `args` and the variables `env`: its output, after checking that it succeeded.
+fn fi_info(env: &[(&str, &str)], args: &[&str]) -> String {
+    let mut c = fi_tool("fi_info", None);
+    c.envs(env.iter().copied()).args(args);
+    let (ok, text) = run(c);
+    assert!(ok, "{text}");
+    text
+}
+
 #[test]
 fn fi_info_lists_the_native_rdm_and_the_dgram_endpoint() {
     // No daemon is needed to list the provider: getinfo never connects.
-    let mut c = fi_tool("fi_info", None);
-    c.args(["-p", "svnic"]);
-    let (ok, text) = run(c);
-    assert!(ok, "{text}");
+    let text = fi_info(&[], &["-p", "svnic"]);
     let entries: Vec<(&str, &str)> = text
         .split("provider: ")
         .skip(1)
@@ -46,17 +52,11 @@ fn fi_info_lists_the_native_rdm_and_the_dgram_endpoint() {
         "{text}"
     );
     // ofi_rxd layers on the DGRAM endpoint only when asked to.
-    let mut c = fi_tool("fi_info", None);
-    c.env("FI_SVNIC_RXD", "1").args(["-p", "svnic;ofi_rxd"]);
-    let (ok, text) = run(c);
-    assert!(ok, "{text}");
+    let text = fi_info(&[("FI_SVNIC_RXD", "1")], &["-p", "svnic;ofi_rxd"]);
     assert!(text.contains("provider: svnic;ofi_rxd"), "{text}");
 
-    let mut c = fi_tool("fi_info", None);
-    c.args(["-p", "svnic", "-t", "FI_EP_RDM", "-v"]);
-    let (ok, text) = run(c);
-    assert!(ok, "{text}");
-    for want in [
+    // Each endpoint type's attributes, as `fi_info -v` prints them.
+    let rdm: &[&str] = &[
         "type: FI_EP_RDM",
         "max_msg_size: 524288",
         "inject_size: 19",
@@ -66,25 +66,22 @@ fn fi_info_lists_the_native_rdm_and_the_dgram_endpoint() {
         "FI_DIRECTED_RECV",
         "FI_ORDER_SAS",
         "prov_name: svnic",
-    ] {
-        assert!(text.contains(want), "{want} missing in:\n{text}");
-    }
-
-    let mut c = fi_tool("fi_info", None);
-    c.args(["-p", "svnic", "-t", "FI_EP_DGRAM", "-v"]);
-    let (ok, text) = run(c);
-    assert!(ok, "{text}");
-    for want in [
+    ];
+    let dgram: &[&str] = &[
         "type: FI_EP_DGRAM",
         "max_msg_size: 65536",
         "inject_size: 40",
         "name: svnic",
         "prov_name: svnic",
         "data_progress: FI_PROGRESS_MANUAL",
-    ] {
-        assert!(text.contains(want), "{want} missing in:\n{text}");
+    ];
+    for (ep_type, lines) in [("FI_EP_RDM", rdm), ("FI_EP_DGRAM", dgram)] {
+        let text = fi_info(&[], &["-p", "svnic", "-t", ep_type, "-v"]);
+        for want in lines {
+            assert!(text.contains(want), "{want} missing in:\n{text}");
+        }
+        assert!(!text.contains("svnic;svnic"), "{text}");
     }
-    assert!(!text.contains("svnic;svnic"), "{text}");
 }
 
 #[test]
@@ -110,25 +107,18 @@ fn size_and_table_parsing() {
     );
 }
 
+/// A daemon named `name` with two guests (MAC1 and MAC2), and a scratch directory.
+fn two_guests(name: &str) -> (DaemonFixture, ScratchDir) {
+    let d = DaemonFixture::start(name, &[(MAC1, ""), (MAC2, "")], EngineOverrides::default());
+    (d, ScratchDir::new(name).unwrap())
+}
+
 #[test]
 fn fi_pingpong_survivor_of_a_killed_peer_gets_an_error_not_a_hang() {
-    let d = DaemonFixture::start(
-        "fi-kill",
-        &[(MAC1, ""), (MAC2, "")],
-        EngineOverrides::default(),
-    );
-    let scratch = ScratchDir::new("fi-kill").unwrap();
-    let (server_log, client_log) = (
-        scratch.path().join("server.log"),
-        scratch.path().join("client.log"),
-    );
+    let (d, scratch) = two_guests("fi-kill");
     // 16 B goes by fi_inject, which has no completion: only the provider's probe of the peer can
     // end the server's wait for the next message.
     let args = ["-p", "svnic", "-e", "dgram", "-S", "16", "-I", "100000000"];
-    let (mut server, mut client) =
-        start_pingpong((&d.sock(1), &d.sock(2)), &args, &server_log, &client_log);
-    // Kill the client mid-stream: once messages go through the engine (the out-of-band address
-    // exchange is over).
     let moved = || -> u64 {
         d.daemon()
             .engine()
@@ -137,48 +127,24 @@ fn fi_pingpong_survivor_of_a_killed_peer_gets_an_error_not_a_hang() {
             .map(|w| w.counts.messages)
             .sum()
     };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while moved() < 1000 {
-        assert!(Instant::now() < deadline, "no traffic through the engine");
-        assert!(
-            client.0.try_wait().unwrap().is_none(),
-            "the client ended early"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(
-        client.0.try_wait().unwrap().is_none(),
-        "the client ended early:\n{}",
-        std::fs::read_to_string(&client_log).unwrap()
-    );
-    client.0.kill().unwrap();
-    let killed = Instant::now();
-    let status = server.wait_until(killed + Duration::from_secs(60)).unwrap();
-    let out = std::fs::read_to_string(&server_log).unwrap();
-    let status =
-        status.unwrap_or_else(|| panic!("the server still waits 60 s after its peer died:\n{out}"));
-    assert!(!status.success(), "{out}");
-    assert!(
-        out.contains("cq_readerr: svnic: no route to destination")
-            || out.contains("cq_readerr: svnic: destination channel gone"),
-        "{status:?}\n{out}"
+    check_survivor_of_a_killed_client(
+        (&d.sock(1), &d.sock(2)),
+        &args,
+        scratch.path(),
+        moved,
+        "dgram",
     );
 }
 
 #[test]
 fn fi_pingpong_dgram_between_two_guests_every_size_to_64k_verified() {
-    let d = DaemonFixture::start(
-        "fi-pingpong",
-        &[(MAC1, ""), (MAC2, "")],
-        EngineOverrides::default(),
-    );
-    let scratch = ScratchDir::new("fi-pingpong").unwrap();
+    let (d, scratch) = two_guests("fi-pingpong");
     let iterations = "20";
     let common = [
         "-p", "svnic", "-e", "dgram", "-S", "all", "-c", "-I", iterations,
     ];
 
-    let outputs = run_pingpong((&d.sock(1), &d.sock(2)), &common, scratch.path(), LONG);
+    let outputs = run_pingpong((&d.sock(1), &d.sock(2)), &[], &common, scratch.path(), LONG);
 
     // Both sides ran every size of `-S all` up to max_msg_size (64 KiB), each with every
     // iteration sent and acknowledged (fi_pingpong checks each payload with -c and exits

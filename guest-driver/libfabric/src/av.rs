@@ -10,7 +10,7 @@ use crate::addr::{self, ADDR_LEN};
 use crate::ffi::domain::*;
 use crate::ffi::errno::*;
 use crate::ffi::*;
-use crate::{close_object, guard, hand_out, object_of, put, FidObject};
+use crate::{guard_object, open_object, put, FidObject};
 
 /// The table, shared with the endpoints bound to it.
 #[derive(Debug, Default)]
@@ -48,27 +48,11 @@ impl AvInner {
     }
 }
 
-/// An address vector.
-#[repr(C)]
-#[derive(Debug)]
-pub struct SvnicAv {
-    c: FidAv,
-    inner: Arc<AvInner>,
-}
-
-// Bound endpoints keep the table when the AV is closed.
 fid_object! {
-    SvnicAv: FidAv, FI_CLASS_AV,
-    static AV_FI_OPS = FiOps {
-        close: Some(close_object::<SvnicAv>),
-        ..FiOps::ENOSYS
-    };
-}
-
-impl SvnicAv {
-    /// The shared table.
-    pub fn inner(&self) -> &Arc<AvInner> {
-        &self.inner
+    /// An address vector.
+    pub struct SvnicAv: FidAv, FI_CLASS_AV {
+        /// The shared table (bound endpoints keep it when the AV is closed).
+        inner: Arc<AvInner>,
     }
 }
 
@@ -87,31 +71,26 @@ pub(crate) fn open(
     out: *mut *mut FidAv,
     context: *mut c_void,
 ) -> c_int {
-    let Some(attr) = attr else { return -FI_EINVAL };
-    if out.is_null() {
-        return -FI_EINVAL;
-    }
-    match attr.type_ {
-        FI_AV_UNSPEC => attr.type_ = FI_AV_TABLE,
-        FI_AV_MAP | FI_AV_TABLE => {}
-        _ => return -FI_EINVAL,
-    }
-    if !attr.name.is_null() {
-        return -FI_ENOSYS;
-    }
-    if attr.flags != 0 {
-        return -FI_EBADFLAGS;
-    }
-    let av = SvnicAv {
-        c: FidAv {
-            fid: SvnicAv::fid(context),
-            ops: &AV_OPS,
-        },
-        inner: Arc::default(),
-    };
-    // SAFETY: checked non-NULL.
-    unsafe { hand_out(out, av) };
-    0
+    open_object(attr, out, |attr| {
+        match attr.type_ {
+            FI_AV_UNSPEC => attr.type_ = FI_AV_TABLE,
+            FI_AV_MAP | FI_AV_TABLE => {}
+            _ => return Err(FI_EINVAL),
+        }
+        if !attr.name.is_null() {
+            return Err(FI_ENOSYS);
+        }
+        if attr.flags != 0 {
+            return Err(FI_EBADFLAGS);
+        }
+        Ok(SvnicAv {
+            c: FidAv {
+                fid: SvnicAv::fid(context),
+                ops: &AV_OPS,
+            },
+            inner: Arc::default(),
+        })
+    })
 }
 
 /// `fi_av_insert`: `count` addresses of 16 bytes end to end. Returns how many were inserted;
@@ -125,11 +104,7 @@ unsafe extern "C" fn av_insert(
     flags: u64,
     _context: *mut c_void,
 ) -> c_int {
-    guard("fi_av_insert", || {
-        // SAFETY: recognised before use.
-        let Some(av) = (unsafe { object_of::<SvnicAv>(a) }) else {
-            return -FI_EINVAL;
-        };
+    guard_object("fi_av_insert", a, |av: &SvnicAv| {
         if flags != 0 {
             return -FI_EBADFLAGS;
         }
@@ -169,11 +144,7 @@ unsafe extern "C" fn av_remove(
     count: usize,
     flags: u64,
 ) -> c_int {
-    guard("fi_av_remove", || {
-        // SAFETY: recognised before use.
-        let Some(av) = (unsafe { object_of::<SvnicAv>(a) }) else {
-            return -FI_EINVAL;
-        };
+    guard_object("fi_av_remove", a, |av: &SvnicAv| {
         if flags != 0 {
             return -FI_EBADFLAGS;
         }
@@ -202,11 +173,7 @@ unsafe extern "C" fn av_lookup(
     out: *mut c_void,
     addrlen: *mut usize,
 ) -> c_int {
-    guard("fi_av_lookup", || {
-        // SAFETY: recognised before use.
-        let Some(av) = (unsafe { object_of::<SvnicAv>(a) }) else {
-            return -FI_EINVAL;
-        };
+    guard_object("fi_av_lookup", a, |av: &SvnicAv| {
         if addrlen.is_null() {
             return -FI_EINVAL;
         }
@@ -236,9 +203,8 @@ unsafe extern "C" fn av_straddr(
     buf: *mut c_char,
     len: *mut usize,
 ) -> *const c_char {
-    guard("fi_av_straddr", || {
-        // SAFETY: recognised before use.
-        if unsafe { object_of::<SvnicAv>(a) }.is_none() || address.is_null() || len.is_null() {
+    guard_object("fi_av_straddr", a, |_: &SvnicAv| {
+        if address.is_null() || len.is_null() {
             return std::ptr::null();
         }
         // SAFETY: an address of the provider's length, per fi_av_straddr's contract.

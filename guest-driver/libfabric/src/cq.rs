@@ -13,7 +13,7 @@ use crate::ffi::eq::*;
 use crate::ffi::errno::*;
 use crate::ffi::*;
 use crate::wait::{FdWait, Progress};
-use crate::{close_object, eq, guard, hand_out, object, object_of, put, FidObject};
+use crate::{close_object, eq, guard, guard_fid, guard_object, open_object, put, FidObject};
 
 /// What failed, for an error entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -370,29 +370,17 @@ impl CqInner {
     }
 }
 
-/// A completion queue.
-#[repr(C)]
-#[derive(Debug)]
-pub struct SvnicCq {
-    c: FidCq,
-    inner: Arc<CqInner>,
-}
-
-// Bound endpoints keep the queue when the CQ is closed.
 fid_object! {
-    SvnicCq: FidCq, FI_CLASS_CQ,
-    static CQ_FI_OPS = FiOps {
+    /// A completion queue.
+    pub struct SvnicCq: FidCq, FI_CLASS_CQ {
+        /// The shared queue (bound endpoints keep it when the CQ is closed).
+        inner: Arc<CqInner>,
+    }
+    fi_ops = FiOps {
         close: Some(close_object::<SvnicCq>),
         control: Some(cq_control),
         ..FiOps::ENOSYS
     };
-}
-
-impl SvnicCq {
-    /// The shared queue.
-    pub fn inner(&self) -> &Arc<CqInner> {
-        &self.inner
-    }
 }
 
 static CQ_OPS: FiOpsCq = FiOpsCq {
@@ -414,60 +402,46 @@ pub(crate) fn open(
     out: *mut *mut FidCq,
     context: *mut c_void,
 ) -> c_int {
-    let Some(attr) = attr else { return -FI_EINVAL };
-    if out.is_null() {
-        return -FI_EINVAL;
-    }
-    if attr.flags != 0 {
-        return -FI_EBADFLAGS;
-    }
-    match attr.format {
-        FI_CQ_FORMAT_UNSPEC => attr.format = FI_CQ_FORMAT_CONTEXT,
-        FI_CQ_FORMAT_CONTEXT | FI_CQ_FORMAT_MSG | FI_CQ_FORMAT_DATA | FI_CQ_FORMAT_TAGGED => {}
-        _ => return -FI_EINVAL,
-    }
-    let wait = match attr.wait_obj {
-        FI_WAIT_NONE => FI_WAIT_NONE,
-        FI_WAIT_YIELD => FI_WAIT_YIELD,
-        FI_WAIT_UNSPEC | FI_WAIT_FD => FI_WAIT_FD,
-        FI_WAIT_SET | FI_WAIT_MUTEX_COND => return -FI_ENOSYS,
-        _ => return -FI_EINVAL,
-    };
-    let fd_wait = if wait == FI_WAIT_FD {
-        match FdWait::new() {
-            Ok(w) => Some(w),
-            Err(e) => {
-                log::warn!("svnic provider: cannot create a CQ wait descriptor: {e}");
-                return -FI_ENOMEM;
-            }
+    open_object(attr, out, |attr| {
+        if attr.flags != 0 {
+            return Err(FI_EBADFLAGS);
         }
-    } else {
-        None
-    };
-    let cq = SvnicCq {
-        c: FidCq {
-            fid: SvnicCq::fid(context),
-            ops: &CQ_OPS,
-        },
-        inner: Arc::new(CqInner::new(
-            attr.format,
-            wait,
-            api_version,
-            yield_after,
-            fd_wait,
-        )),
-    };
-    // SAFETY: checked non-NULL.
-    unsafe { hand_out(out, cq) };
-    0
+        match attr.format {
+            FI_CQ_FORMAT_UNSPEC => attr.format = FI_CQ_FORMAT_CONTEXT,
+            FI_CQ_FORMAT_CONTEXT | FI_CQ_FORMAT_MSG | FI_CQ_FORMAT_DATA | FI_CQ_FORMAT_TAGGED => {}
+            _ => return Err(FI_EINVAL),
+        }
+        let wait = match attr.wait_obj {
+            FI_WAIT_NONE => FI_WAIT_NONE,
+            FI_WAIT_YIELD => FI_WAIT_YIELD,
+            FI_WAIT_UNSPEC | FI_WAIT_FD => FI_WAIT_FD,
+            FI_WAIT_SET | FI_WAIT_MUTEX_COND => return Err(FI_ENOSYS),
+            _ => return Err(FI_EINVAL),
+        };
+        let fd_wait = if wait == FI_WAIT_FD {
+            match FdWait::new() {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    log::warn!("svnic provider: cannot create a CQ wait descriptor: {e}");
+                    return Err(FI_ENOMEM);
+                }
+            }
+        } else {
+            None
+        };
+        let inner = CqInner::new(attr.format, wait, api_version, yield_after, fd_wait);
+        Ok(SvnicCq {
+            c: FidCq {
+                fid: SvnicCq::fid(context),
+                ops: &CQ_OPS,
+            },
+            inner: Arc::new(inner),
+        })
+    })
 }
 
 unsafe extern "C" fn cq_control(fid: *mut Fid, command: c_int, arg: *mut c_void) -> c_int {
-    guard("cq control", || {
-        // SAFETY: the application's fid, recognised before use.
-        let Some(cq) = (unsafe { object::<SvnicCq>(fid) }) else {
-            return -FI_EINVAL;
-        };
+    guard_fid("cq control", fid, |cq: &SvnicCq| {
         match command {
             FI_GETWAITOBJ if !arg.is_null() => {
                 // SAFETY: FI_GETWAITOBJ's argument is an enum fi_wait_obj.
@@ -500,22 +474,14 @@ unsafe extern "C" fn cq_readfrom(
     count: usize,
     src: *mut u64,
 ) -> isize {
-    guard("fi_cq_read", || {
-        // SAFETY: recognised before use.
-        let Some(cq) = (unsafe { object_of::<SvnicCq>(c) }) else {
-            return -(FI_EINVAL as isize);
-        };
+    guard_object("fi_cq_read", c, |cq: &SvnicCq| {
         // SAFETY: the application's buffers, per fi_cq_read's contract.
         unsafe { cq.inner.read(buf, count, src) }
     })
 }
 
 unsafe extern "C" fn cq_readerr(c: *mut FidCq, buf: *mut FiCqErrEntry, flags: u64) -> isize {
-    guard("fi_cq_readerr", || {
-        // SAFETY: recognised before use.
-        let Some(cq) = (unsafe { object_of::<SvnicCq>(c) }) else {
-            return -(FI_EINVAL as isize);
-        };
+    guard_object("fi_cq_readerr", c, |cq: &SvnicCq| {
         if flags != 0 {
             return -(FI_EBADFLAGS as isize);
         }
@@ -546,11 +512,7 @@ unsafe extern "C" fn cq_sreadfrom(
     _cond: *const c_void,
     timeout: c_int,
 ) -> isize {
-    guard("fi_cq_sread", || {
-        // SAFETY: recognised before use.
-        let Some(cq) = (unsafe { object_of::<SvnicCq>(c) }) else {
-            return -(FI_EINVAL as isize);
-        };
+    guard_object("fi_cq_sread", c, |cq: &SvnicCq| {
         if cq.inner.wait_obj == FI_WAIT_NONE {
             return -(FI_ENOSYS as isize);
         }

@@ -16,30 +16,14 @@ use crate::ffi::errno::*;
 use crate::ffi::*;
 use crate::info::FABRIC_NAME;
 use crate::{av, cq, ep};
-use crate::{close_object, guard, hand_out, object_of, FidObject};
+use crate::{guard_object, open_object, FidObject};
 
-/// A domain.
-#[repr(C)]
-#[derive(Debug)]
-pub struct SvnicDomain {
-    c: FidDomain,
-    inner: Arc<DomainInner>,
-}
-
-// Endpoints, CQs and AVs keep the shared state (and the guest connection) alive until they
-// close, so closing the domain only drops its own reference.
 fid_object! {
-    SvnicDomain: FidDomain, FI_CLASS_DOMAIN,
-    static DOMAIN_FI_OPS = FiOps {
-        close: Some(close_object::<SvnicDomain>),
-        ..FiOps::ENOSYS
-    };
-}
-
-impl SvnicDomain {
-    /// The shared state.
-    pub fn inner(&self) -> &Arc<DomainInner> {
-        &self.inner
+    /// A domain.
+    pub struct SvnicDomain: FidDomain, FI_CLASS_DOMAIN {
+        /// The shared state. Endpoints, CQs and AVs keep it (and the guest connection) alive
+        /// until they close, so closing the domain only drops its own reference.
+        inner: Arc<DomainInner>,
     }
 }
 
@@ -52,41 +36,29 @@ static DOMAIN_OPS: FiOpsDomain = FiOpsDomain {
 };
 
 /// `fi_domain`: attaches as [`crate::attach::choose`] says (host-process or VM mode).
-///
-/// # Safety
-/// `out` must be NULL or writable.
-pub(crate) unsafe fn open(
+pub(crate) fn open(
     api_version: u32,
     info: Option<&FiInfo>,
     out: *mut *mut FidDomain,
     context: *mut c_void,
 ) -> c_int {
-    let Some(info) = info else { return -FI_EINVAL };
-    if out.is_null() {
-        return -FI_EINVAL;
-    }
-    // SAFETY: NULL or the application's attributes.
-    if let Some(d) = unsafe { info.domain_attr.as_ref() } {
-        // SAFETY: NULL or a C string.
-        if !d.name.is_null() && unsafe { CStr::from_ptr(d.name) } != FABRIC_NAME {
-            return -FI_EINVAL;
+    open_object(info, out, |info| {
+        // SAFETY: NULL or the application's attributes.
+        if let Some(d) = unsafe { info.domain_attr.as_ref() } {
+            // SAFETY: NULL or a C string.
+            if !d.name.is_null() && unsafe { CStr::from_ptr(d.name) } != FABRIC_NAME {
+                return Err(FI_EINVAL);
+            }
         }
-    }
-    let inner = match DomainInner::connect(api_version) {
-        Ok(i) => i,
-        Err(e) => return -e,
-    };
-    let d = SvnicDomain {
-        c: FidDomain {
-            fid: SvnicDomain::fid(context),
-            ops: &DOMAIN_OPS,
-            mr: &mr::MR_OPS,
-        },
-        inner: Arc::new(inner),
-    };
-    // SAFETY: checked non-NULL.
-    unsafe { hand_out(out, d) };
-    0
+        Ok(SvnicDomain {
+            c: FidDomain {
+                fid: SvnicDomain::fid(context),
+                ops: &DOMAIN_OPS,
+                mr: &mr::MR_OPS,
+            },
+            inner: Arc::new(DomainInner::connect(api_version)?),
+        })
+    })
 }
 
 unsafe extern "C" fn domain_av_open(
@@ -95,11 +67,7 @@ unsafe extern "C" fn domain_av_open(
     out: *mut *mut FidAv,
     context: *mut c_void,
 ) -> c_int {
-    guard("fi_av_open", || {
-        // SAFETY: recognised before use.
-        let Some(_dom) = (unsafe { object_of::<SvnicDomain>(d) }) else {
-            return -FI_EINVAL;
-        };
+    guard_object("fi_av_open", d, |_: &SvnicDomain| {
         // SAFETY: NULL or the application's attributes (written back: the chosen type).
         av::open(unsafe { attr.as_mut() }, out, context)
     })
@@ -111,19 +79,11 @@ unsafe extern "C" fn domain_cq_open(
     out: *mut *mut FidCq,
     context: *mut c_void,
 ) -> c_int {
-    guard("fi_cq_open", || {
-        // SAFETY: recognised before use.
-        let Some(dom) = (unsafe { object_of::<SvnicDomain>(d) }) else {
-            return -FI_EINVAL;
-        };
-        // SAFETY: NULL or the application's attributes.
-        cq::open(
-            dom.inner().api_version,
-            dom.inner().cfg.yield_after,
-            unsafe { attr.as_mut() },
-            out,
-            context,
-        )
+    guard_object("fi_cq_open", d, |dom: &SvnicDomain| {
+        let inner = dom.inner();
+        // SAFETY: NULL or the application's attributes (written back: the chosen format).
+        let attr = unsafe { attr.as_mut() };
+        cq::open(inner.api_version, inner.cfg.yield_after, attr, out, context)
     })
 }
 
@@ -133,11 +93,7 @@ unsafe extern "C" fn domain_endpoint(
     out: *mut *mut FidEp,
     context: *mut c_void,
 ) -> c_int {
-    guard("fi_endpoint", || {
-        // SAFETY: recognised before use.
-        let Some(dom) = (unsafe { object_of::<SvnicDomain>(d) }) else {
-            return -FI_EINVAL;
-        };
+    guard_object("fi_endpoint", d, |dom: &SvnicDomain| {
         // SAFETY: NULL or the application's fi_info.
         ep::open(dom.inner(), unsafe { info.as_ref() }, out, context)
     })

@@ -74,7 +74,9 @@ use crate::info::{INJECT_SIZE, IOV_LIMIT, RX_SIZE, TX_SIZE};
 use crate::rdm::{self, Header, Reorder, Want};
 use crate::stats::warn_limited;
 use crate::wait::Progress;
-use crate::{free_object, guard, hand_out, object, object_of, put, FidObject};
+use crate::{
+    free_object, guard, guard_fid, guard_object, object, object_of, open_object, put, FidObject,
+};
 
 /// Cookies of posted bounce buffers carry this bit (send cookies never do).
 const BOUNCE_TAG: u64 = 1 << 63;
@@ -331,17 +333,13 @@ pub struct EpInner {
     state: Mutex<EpState>,
 }
 
-/// An endpoint.
-#[repr(C)]
-#[derive(Debug)]
-pub struct SvnicEp {
-    c: FidEp,
-    inner: Arc<EpInner>,
-}
-
 fid_object! {
-    SvnicEp: FidEp, FI_CLASS_EP,
-    static EP_FI_OPS = FiOps {
+    /// An endpoint.
+    pub struct SvnicEp: FidEp, FI_CLASS_EP {
+        /// The endpoint state.
+        inner: Arc<EpInner>,
+    }
+    fi_ops = FiOps {
         close: Some(ep_close),
         bind: Some(ep_bind),
         control: Some(ep_control),
@@ -405,16 +403,21 @@ pub(crate) fn open(
     out: *mut *mut FidEp,
     context: *mut c_void,
 ) -> c_int {
-    let Some(info) = info else { return -FI_EINVAL };
-    if out.is_null() {
-        return -FI_EINVAL;
-    }
+    open_object(info, out, |info| new_endpoint(dom, info, context))
+}
+
+/// The endpoint `info` asks for, or why not (a positive libfabric error number).
+fn new_endpoint(
+    dom: &Arc<DomainInner>,
+    info: &FiInfo,
+    context: *mut c_void,
+) -> Result<SvnicEp, c_int> {
     // SAFETY: NULL or the application's attributes.
     let ep_attr = unsafe { info.ep_attr.as_ref() };
     let rdm = match ep_attr.map_or(FI_EP_UNSPEC, |e| e.type_) {
         FI_EP_RDM => true,
         FI_EP_UNSPEC | FI_EP_DGRAM => false,
-        _ => return -FI_EINVAL,
+        _ => return Err(FI_EINVAL),
     };
     let offered = if rdm {
         crate::info::RDM_CAPS
@@ -422,7 +425,7 @@ pub(crate) fn open(
         crate::info::CAPS
     };
     if info.caps & !offered != 0 {
-        return -FI_EINVAL;
+        return Err(FI_EINVAL);
     }
     let directed = rdm && (info.caps == 0 || info.caps & caps::FI_DIRECTED_RECV != 0);
     let delivery = match ep_attr.map(|e| e.protocol) {
@@ -435,10 +438,7 @@ pub(crate) fn open(
     let rx_op_flags = unsafe { info.rx_attr.as_ref() }.map_or(0, |r| r.op_flags);
     let d = dom.clone();
     let cfg = d.cfg.clone();
-    let channel = match d.create_channel() {
-        Ok(c) => c,
-        Err(e) => return -e,
-    };
+    let channel = d.create_channel()?;
     let layout = *channel.layout();
     let slot_len = cfg.slot_len(rdm);
     let msg = slot_len as u64;
@@ -446,7 +446,7 @@ pub(crate) fn open(
     if rx == 0 || tx == 0 {
         log::warn!("svnic provider: the channel's data area holds no bounce and staging buffers");
         let _ = d.guest.destroy_channel(channel, CONTROL_TIMEOUT);
-        return -FI_ENOMEM;
+        return Err(FI_ENOMEM);
     }
     // fi_getinfo advertised Config::rdm_max_msg_size (from the configured region): an endpoint with
     // fewer staging slots than its parts need is refused rather than offering less.
@@ -463,7 +463,7 @@ pub(crate) fn open(
             max_msg.div_ceil(cfg.max_msg_size)
         );
         let _ = d.guest.destroy_channel(channel, CONTROL_TIMEOUT);
-        return -FI_ENOMEM;
+        return Err(FI_ENOMEM);
     }
     let at = |i: u64| layout.data_offset + i * msg;
     let addr = channel.addr();
@@ -472,7 +472,7 @@ pub(crate) fn open(
         Err(e) => {
             log::warn!("svnic provider: no wake waiter for the endpoint's channel: {e}");
             let _ = d.guest.destroy_channel(channel, CONTROL_TIMEOUT);
-            return -FI_EIO;
+            return Err(FI_EIO);
         }
     };
     log::info!(
@@ -520,7 +520,7 @@ pub(crate) fn open(
             .then(|| Duration::from_millis(cfg.peer_timeout_ms)),
         delivery,
     };
-    let ep = SvnicEp {
+    Ok(SvnicEp {
         c: FidEp {
             fid: SvnicEp::fid(context),
             ops: &EP_OPS,
@@ -543,10 +543,7 @@ pub(crate) fn open(
             rdm,
             state: Mutex::new(state),
         }),
-    };
-    // SAFETY: checked non-NULL.
-    unsafe { hand_out(out, ep) };
-    0
+    })
 }
 
 /// Copies `src` into the application's segments; returns the bytes copied.
@@ -1991,11 +1988,7 @@ fn linger(ch: &mut Channel) {
 }
 
 unsafe extern "C" fn ep_close(fid: *mut Fid) -> c_int {
-    guard("ep close", || {
-        // SAFETY: the application's fid, recognised before use.
-        let Some(e) = (unsafe { object::<SvnicEp>(fid) }) else {
-            return -FI_EINVAL;
-        };
+    guard_fid("ep close", fid, |e: &SvnicEp| {
         let channel = {
             let mut s = e.inner.lock();
             s.enabled = false;
@@ -2014,11 +2007,7 @@ unsafe extern "C" fn ep_close(fid: *mut Fid) -> c_int {
 }
 
 unsafe extern "C" fn ep_bind(fid: *mut Fid, bfid: *mut Fid, flags: u64) -> c_int {
-    guard("fi_ep_bind", || {
-        // SAFETY: the application's fid, recognised before use.
-        let Some(e) = (unsafe { object::<SvnicEp>(fid) }) else {
-            return -FI_EINVAL;
-        };
+    guard_fid("fi_ep_bind", fid, |e: &SvnicEp| {
         let mut s = e.inner.lock();
         if s.enabled {
             return -FI_EOPBADSTATE;
@@ -2077,29 +2066,19 @@ unsafe extern "C" fn ep_bind(fid: *mut Fid, bfid: *mut Fid, flags: u64) -> c_int
 }
 
 unsafe extern "C" fn ep_control(fid: *mut Fid, command: c_int, _arg: *mut c_void) -> c_int {
-    guard("ep control", || {
-        // SAFETY: the application's fid, recognised before use.
-        let Some(e) = (unsafe { object::<SvnicEp>(fid) }) else {
-            return -FI_EINVAL;
-        };
-        match command {
-            FI_ENABLE => match e.inner.lock().enable() {
-                Ok(()) => 0,
-                Err(err) => -err,
-            },
-            _ => -FI_ENOSYS,
-        }
+    guard_fid("ep control", fid, |e: &SvnicEp| match command {
+        FI_ENABLE => match e.inner.lock().enable() {
+            Ok(()) => 0,
+            Err(err) => -err,
+        },
+        _ => -FI_ENOSYS,
     })
 }
 
 /// `fi_getname`: the 16-byte address; `-FI_ETOOSMALL` with `*addrlen` set when the buffer is
 /// smaller (or NULL).
 unsafe extern "C" fn ep_getname(fid: *mut Fid, out: *mut c_void, addrlen: *mut usize) -> c_int {
-    guard("fi_getname", || {
-        // SAFETY: the application's fid, recognised before use.
-        let Some(e) = (unsafe { object::<SvnicEp>(fid) }) else {
-            return -FI_EINVAL;
-        };
+    guard_fid("fi_getname", fid, |e: &SvnicEp| {
         if addrlen.is_null() {
             return -FI_EINVAL;
         }
@@ -2118,11 +2097,7 @@ unsafe extern "C" fn ep_getname(fid: *mut Fid, out: *mut c_void, addrlen: *mut u
 }
 
 unsafe extern "C" fn ep_cancel(fid: *mut Fid, context: *mut c_void) -> isize {
-    guard("fi_cancel", || {
-        // SAFETY: the application's fid, recognised before use.
-        let Some(e) = (unsafe { object::<SvnicEp>(fid) }) else {
-            return EINVAL;
-        };
+    guard_fid("fi_cancel", fid, |e: &SvnicEp| {
         match e.inner.lock().cancel(context as usize) {
             Ok(()) => 0,
             Err(err) => -(err as isize),
@@ -2151,43 +2126,44 @@ unsafe extern "C" fn ep_setopt(
 }
 
 unsafe extern "C" fn ep_rx_size_left(e: *mut FidEp) -> isize {
-    guard("fi_rx_size_left", || {
-        // SAFETY: recognised before use.
-        let Some(e) = (unsafe { object_of::<SvnicEp>(e) }) else {
-            return EINVAL;
-        };
+    guard_object("fi_rx_size_left", e, |e: &SvnicEp| {
         (RX_SIZE - e.inner.lock().recvs.len().min(RX_SIZE)) as isize
     })
 }
 
 unsafe extern "C" fn ep_tx_size_left(e: *mut FidEp) -> isize {
-    guard("fi_tx_size_left", || {
-        // SAFETY: recognised before use.
-        let Some(e) = (unsafe { object_of::<SvnicEp>(e) }) else {
-            return EINVAL;
-        };
+    guard_object("fi_tx_size_left", e, |e: &SvnicEp| {
         (TX_SIZE - e.inner.lock().pending.len().min(TX_SIZE)) as isize
     })
 }
 
-fn do_recv(e: *mut FidEp, segs: Result<Segments, c_int>, op: RecvOp) -> isize {
-    // SAFETY: recognised before use.
-    let Some(e) = (unsafe { object_of::<SvnicEp>(e) }) else {
-        return EINVAL;
-    };
-    match segs {
-        Ok(segs) => e.inner.recv(op, segs),
-        Err(err) => -(err as isize),
+/// What an entry point posts on an endpoint: a receive or a send.
+trait Op {
+    /// Posts the operation with its buffers.
+    fn post(self, ep: &EpInner, segs: Segments) -> isize;
+}
+
+impl Op for RecvOp {
+    fn post(self, ep: &EpInner, segs: Segments) -> isize {
+        ep.recv(self, segs)
     }
 }
 
-fn do_send(e: *mut FidEp, segs: Result<Segments, c_int>, op: SendOp) -> isize {
+impl Op for SendOp {
+    fn post(self, ep: &EpInner, segs: Segments) -> isize {
+        ep.send(self, segs)
+    }
+}
+
+/// Posts `op` with its buffers `segs` (or returns their error) on the endpoint `e` an entry
+/// point was called on.
+fn post(e: *mut FidEp, segs: Result<Segments, c_int>, op: impl Op) -> isize {
     // SAFETY: recognised before use.
     let Some(e) = (unsafe { object_of::<SvnicEp>(e) }) else {
         return EINVAL;
     };
     match segs {
-        Ok(segs) => e.inner.send(op, segs),
+        Ok(segs) => op.post(&e.inner, segs),
         Err(err) => -(err as isize),
     }
 }
@@ -2242,7 +2218,7 @@ unsafe extern "C" fn ep_recv(
     ctx: *mut c_void,
 ) -> isize {
     guard("fi_recv", || {
-        do_recv(e, one_segment(buf, len), recv_op(ctx, src, None))
+        post(e, one_segment(buf, len), recv_op(ctx, src, None))
     })
 }
 
@@ -2257,7 +2233,7 @@ unsafe extern "C" fn ep_recvv(
     guard("fi_recvv", || {
         // SAFETY: the application's iovec array of `count` entries.
         let segs = unsafe { segments(iov, count) };
-        do_recv(e, segs, recv_op(ctx, src, None))
+        post(e, segs, recv_op(ctx, src, None))
     })
 }
 
@@ -2314,7 +2290,7 @@ fn unpack_tagged(msg: *const FiMsgTagged, flags: u64, allowed: u64) -> Result<Ms
 
 unsafe extern "C" fn ep_recvmsg(e: *mut FidEp, msg: *const FiMsg, flags: u64) -> isize {
     guard("fi_recvmsg", || match unpack(msg, flags, RECV_FLAGS) {
-        Ok(p) => do_recv(
+        Ok(p) => post(
             e,
             p.segs,
             RecvOp {
@@ -2335,7 +2311,7 @@ unsafe extern "C" fn ep_send(
     ctx: *mut c_void,
 ) -> isize {
     guard("fi_send", || {
-        do_send(e, one_segment(buf, len), send_op(dest, ctx, None, None))
+        post(e, one_segment(buf, len), send_op(dest, ctx, None, None))
     })
 }
 
@@ -2350,14 +2326,14 @@ unsafe extern "C" fn ep_sendv(
     guard("fi_sendv", || {
         // SAFETY: the application's iovec array of `count` entries.
         let segs = unsafe { segments(iov, count) };
-        do_send(e, segs, send_op(dest, ctx, None, None))
+        post(e, segs, send_op(dest, ctx, None, None))
     })
 }
 
 unsafe extern "C" fn ep_sendmsg(e: *mut FidEp, msg: *const FiMsg, flags: u64) -> isize {
     guard("fi_sendmsg", || {
         match unpack(msg, flags & !op_flags::FI_TAGGED, send_flags(e)) {
-            Ok(p) => do_send(
+            Ok(p) => post(
                 e,
                 p.segs,
                 SendOp {
@@ -2372,7 +2348,7 @@ unsafe extern "C" fn ep_sendmsg(e: *mut FidEp, msg: *const FiMsg, flags: u64) ->
 
 unsafe extern "C" fn ep_inject(e: *mut FidEp, buf: *const c_void, len: usize, dest: u64) -> isize {
     guard("fi_inject", || {
-        do_send(e, one_segment(buf, len), inject_op(dest, None, None))
+        post(e, one_segment(buf, len), inject_op(dest, None, None))
     })
 }
 
@@ -2386,7 +2362,7 @@ unsafe extern "C" fn ep_senddata(
     ctx: *mut c_void,
 ) -> isize {
     guard("fi_senddata", || {
-        do_send(
+        post(
             e,
             one_segment(buf, len),
             send_op(dest, ctx, None, Some(data)),
@@ -2402,7 +2378,7 @@ unsafe extern "C" fn ep_injectdata(
     dest: u64,
 ) -> isize {
     guard("fi_injectdata", || {
-        do_send(e, one_segment(buf, len), inject_op(dest, None, Some(data)))
+        post(e, one_segment(buf, len), inject_op(dest, None, Some(data)))
     })
 }
 
@@ -2419,7 +2395,7 @@ unsafe extern "C" fn ep_trecv(
 ) -> isize {
     guard("fi_trecv", || {
         let op = recv_op(ctx, src, Some((tag, ignore)));
-        do_recv(e, one_segment(buf, len), op)
+        post(e, one_segment(buf, len), op)
     })
 }
 
@@ -2437,14 +2413,14 @@ unsafe extern "C" fn ep_trecvv(
     guard("fi_trecvv", || {
         // SAFETY: the application's iovec array of `count` entries.
         let segs = unsafe { segments(iov, count) };
-        do_recv(e, segs, recv_op(ctx, src, Some((tag, ignore))))
+        post(e, segs, recv_op(ctx, src, Some((tag, ignore))))
     })
 }
 
 unsafe extern "C" fn ep_trecvmsg(e: *mut FidEp, msg: *const FiMsgTagged, flags: u64) -> isize {
     let allowed = RECV_FLAGS | op_flags::FI_TAGGED | PEEK_FLAGS;
     guard("fi_trecvmsg", || match unpack_tagged(msg, flags, allowed) {
-        Ok(p) => do_recv(
+        Ok(p) => post(
             e,
             p.segs,
             RecvOp {
@@ -2467,7 +2443,7 @@ unsafe extern "C" fn ep_tsend(
     ctx: *mut c_void,
 ) -> isize {
     guard("fi_tsend", || {
-        do_send(
+        post(
             e,
             one_segment(buf, len),
             send_op(dest, ctx, Some(tag), None),
@@ -2487,14 +2463,14 @@ unsafe extern "C" fn ep_tsendv(
     guard("fi_tsendv", || {
         // SAFETY: the application's iovec array of `count` entries.
         let segs = unsafe { segments(iov, count) };
-        do_send(e, segs, send_op(dest, ctx, Some(tag), None))
+        post(e, segs, send_op(dest, ctx, Some(tag), None))
     })
 }
 
 unsafe extern "C" fn ep_tsendmsg(e: *mut FidEp, msg: *const FiMsgTagged, flags: u64) -> isize {
     guard("fi_tsendmsg", || {
         match unpack_tagged(msg, flags, SEND_FLAGS | RDM_SEND_FLAGS) {
-            Ok(p) => do_send(
+            Ok(p) => post(
                 e,
                 p.segs,
                 SendOp {
@@ -2515,7 +2491,7 @@ unsafe extern "C" fn ep_tinject(
     tag: u64,
 ) -> isize {
     guard("fi_tinject", || {
-        do_send(e, one_segment(buf, len), inject_op(dest, Some(tag), None))
+        post(e, one_segment(buf, len), inject_op(dest, Some(tag), None))
     })
 }
 
@@ -2532,7 +2508,7 @@ unsafe extern "C" fn ep_tsenddata(
 ) -> isize {
     guard("fi_tsenddata", || {
         let op = send_op(dest, ctx, Some(tag), Some(data));
-        do_send(e, one_segment(buf, len), op)
+        post(e, one_segment(buf, len), op)
     })
 }
 
@@ -2545,7 +2521,7 @@ unsafe extern "C" fn ep_tinjectdata(
     tag: u64,
 ) -> isize {
     guard("fi_tinjectdata", || {
-        do_send(
+        post(
             e,
             one_segment(buf, len),
             inject_op(dest, Some(tag), Some(data)),

@@ -7,22 +7,12 @@ use std::time::Duration;
 use crate::errors::prov_strerror;
 use crate::ffi::eq::*;
 use crate::ffi::errno::*;
-use crate::ffi::{FiOps, FI_CLASS_EQ};
-use crate::{close_object, guard, hand_out, object_of, put, FidObject};
-
-/// An event queue.
-#[repr(C)]
-#[derive(Debug)]
-pub struct SvnicEq {
-    c: FidEq,
-}
+use crate::ffi::FI_CLASS_EQ;
+use crate::{guard, guard_object, open_object, put, FidObject};
 
 fid_object! {
-    SvnicEq: FidEq, FI_CLASS_EQ,
-    static EQ_FI_OPS = FiOps {
-        close: Some(close_object::<SvnicEq>),
-        ..FiOps::ENOSYS
-    };
+    /// An event queue.
+    pub struct SvnicEq: FidEq, FI_CLASS_EQ {}
 }
 
 static EQ_OPS: FiOpsEq = FiOpsEq {
@@ -35,35 +25,24 @@ static EQ_OPS: FiOpsEq = FiOpsEq {
 
 /// `fi_eq_open`: wait objects NONE, UNSPEC and YIELD (there is never anything to wait for).
 pub(crate) fn open(attr: Option<&FiEqAttr>, out: *mut *mut FidEq, context: *mut c_void) -> c_int {
-    let Some(attr) = attr else { return -FI_EINVAL };
-    if out.is_null() {
-        return -FI_EINVAL;
-    }
-    if attr.flags != 0 {
-        return -FI_EBADFLAGS;
-    }
-    if !matches!(attr.wait_obj, FI_WAIT_NONE | FI_WAIT_UNSPEC | FI_WAIT_YIELD) {
-        return -FI_ENOSYS;
-    }
-    let eq = SvnicEq {
-        c: FidEq {
-            fid: SvnicEq::fid(context),
-            ops: &EQ_OPS,
-        },
-    };
-    // SAFETY: checked non-NULL.
-    unsafe { hand_out(out, eq) };
-    0
+    open_object(attr, out, |attr| {
+        if attr.flags != 0 {
+            return Err(FI_EBADFLAGS);
+        }
+        if !matches!(attr.wait_obj, FI_WAIT_NONE | FI_WAIT_UNSPEC | FI_WAIT_YIELD) {
+            return Err(FI_ENOSYS);
+        }
+        Ok(SvnicEq {
+            c: FidEq {
+                fid: SvnicEq::fid(context),
+                ops: &EQ_OPS,
+            },
+        })
+    })
 }
 
-fn check(eq: *mut FidEq) -> isize {
-    // SAFETY: the application's EQ, recognised before use.
-    if unsafe { object_of::<SvnicEq>(eq) }.is_none() {
-        -(FI_EINVAL as isize)
-    } else {
-        -(FI_EAGAIN as isize)
-    }
-}
+/// What every read of the (always empty) queue returns.
+const EMPTY: isize = -(FI_EAGAIN as isize);
 
 unsafe extern "C" fn eq_read(
     eq: *mut FidEq,
@@ -72,11 +51,11 @@ unsafe extern "C" fn eq_read(
     _: usize,
     _: u64,
 ) -> isize {
-    guard("fi_eq_read", || check(eq))
+    guard_object("fi_eq_read", eq, |_: &SvnicEq| EMPTY)
 }
 
 unsafe extern "C" fn eq_readerr(eq: *mut FidEq, _: *mut FiEqErrEntry, _: u64) -> isize {
-    guard("fi_eq_readerr", || check(eq))
+    guard_object("fi_eq_readerr", eq, |_: &SvnicEq| EMPTY)
 }
 
 unsafe extern "C" fn eq_sread(
@@ -87,15 +66,12 @@ unsafe extern "C" fn eq_sread(
     timeout: c_int,
     _: u64,
 ) -> isize {
-    guard("fi_eq_sread", || {
-        let r = check(eq);
-        if r == -(FI_EAGAIN as isize) {
-            // Nothing ever arrives: wait out a finite timeout, never block forever.
-            if let Ok(ms) = u64::try_from(timeout) {
-                std::thread::sleep(Duration::from_millis(ms.min(60_000)));
-            }
+    guard_object("fi_eq_sread", eq, |_: &SvnicEq| {
+        // Nothing ever arrives: wait out a finite timeout, never block forever.
+        if let Ok(ms) = u64::try_from(timeout) {
+            std::thread::sleep(Duration::from_millis(ms.min(60_000)));
         }
-        r
+        EMPTY
     })
 }
 

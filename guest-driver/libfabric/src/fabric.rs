@@ -11,21 +11,11 @@ use crate::ffi::eq::{FiEqAttr, FidEq};
 use crate::ffi::errno::*;
 use crate::ffi::*;
 use crate::info::FABRIC_NAME;
-use crate::{close_object, guard, hand_out, object, object_of, FidObject};
-
-/// A fabric: nothing but its fid (every domain connects on its own).
-#[repr(C)]
-#[derive(Debug)]
-pub struct SvnicFabric {
-    c: FidFabric,
-}
+use crate::{guard, guard_object, object, open_object, FidObject};
 
 fid_object! {
-    SvnicFabric: FidFabric, FI_CLASS_FABRIC,
-    static FABRIC_FI_OPS = FiOps {
-        close: Some(close_object::<SvnicFabric>),
-        ..FiOps::ENOSYS
-    };
+    /// A fabric: nothing but its fid (every domain connects on its own).
+    pub struct SvnicFabric: FidFabric, FI_CLASS_FABRIC {}
 }
 
 static FABRIC_OPS: FiOpsFabric = FiOpsFabric {
@@ -51,26 +41,19 @@ pub(crate) unsafe extern "C" fn svnic_fabric(
 ) -> c_int {
     guard("fi_fabric", || {
         // SAFETY: libfabric passes NULL or a valid attribute struct.
-        let Some(attr) = (unsafe { attr.as_ref() }) else {
-            return -FI_EINVAL;
-        };
-        if fabric.is_null() || attr.name.is_null() {
-            return -FI_EINVAL;
-        }
-        // SAFETY: non-NULL C string of the application's attributes.
-        if unsafe { CStr::from_ptr(attr.name) } != FABRIC_NAME {
-            return -FI_EINVAL;
-        }
-        let f = SvnicFabric {
-            c: FidFabric {
-                fid: SvnicFabric::fid(context),
-                ops: &FABRIC_OPS,
-                api_version: attr.api_version,
-            },
-        };
-        // SAFETY: checked non-NULL.
-        unsafe { hand_out(fabric, f) };
-        0
+        open_object(unsafe { attr.as_ref() }, fabric, |attr| {
+            // SAFETY: NULL or a C string of the application's attributes.
+            if attr.name.is_null() || unsafe { CStr::from_ptr(attr.name) } != FABRIC_NAME {
+                return Err(FI_EINVAL);
+            }
+            Ok(SvnicFabric {
+                c: FidFabric {
+                    fid: SvnicFabric::fid(context),
+                    ops: &FABRIC_OPS,
+                    api_version: attr.api_version,
+                },
+            })
+        })
     })
 }
 
@@ -80,15 +63,9 @@ unsafe extern "C" fn fabric_domain(
     dom: *mut *mut FidDomain,
     context: *mut c_void,
 ) -> c_int {
-    guard("fi_domain", || {
-        // SAFETY: the application's fabric, recognised before use.
-        let Some(f) = (unsafe { object_of::<SvnicFabric>(fabric) }) else {
-            return -FI_EINVAL;
-        };
+    guard_object("fi_domain", fabric, |f: &SvnicFabric| {
         // SAFETY: NULL or the application's fi_info.
-        let info = unsafe { info.as_ref() };
-        // SAFETY: `dom` is checked for NULL by open.
-        unsafe { domain::open(f.api_version(), info, dom, context) }
+        domain::open(f.api_version(), unsafe { info.as_ref() }, dom, context)
     })
 }
 
@@ -112,11 +89,7 @@ unsafe extern "C" fn fabric_eq_open(
     out: *mut *mut FidEq,
     context: *mut c_void,
 ) -> c_int {
-    guard("fi_eq_open", || {
-        // SAFETY: the application's fabric, recognised before use.
-        if unsafe { object_of::<SvnicFabric>(fabric) }.is_none() {
-            return -FI_EINVAL;
-        }
+    guard_object("fi_eq_open", fabric, |_: &SvnicFabric| {
         // SAFETY: NULL or the application's attributes.
         eq::open(unsafe { attr.as_ref() }, out, context)
     })
@@ -129,11 +102,7 @@ unsafe extern "C" fn fabric_trywait(
     fids: *mut *mut Fid,
     count: c_int,
 ) -> c_int {
-    guard("fi_trywait", || {
-        // SAFETY: the application's fabric, recognised before use.
-        if unsafe { object_of::<SvnicFabric>(fabric) }.is_none() {
-            return -FI_EINVAL;
-        }
+    guard_object("fi_trywait", fabric, |_: &SvnicFabric| {
         let Ok(n) = usize::try_from(count) else {
             return -FI_EINVAL;
         };

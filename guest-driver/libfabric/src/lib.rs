@@ -24,28 +24,62 @@
 // Tests may unwrap (STYLE.md); the library itself may not, which clippy still checks.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
-/// Declares `$ty` a [`FidObject`] whose first field `c` is the libfabric struct `$c`, of class
-/// `$class`, recognised by the `fi_ops` table `$fi_ops` that the use defines (so no other type
-/// can carry it). Both offsets that [`object`] relies on are checked at compile time: `c` at 0
-/// in `$ty`, `fid` at 0 in `$c`. The rest of [`FidObject`]'s contract is the using module's
-/// promise: it gives its objects to C with [`hand_out`] only.
+/// Declares the provider object `$ty`: a `#[repr(C)]` struct whose first field `c` is the
+/// libfabric struct `$c` (so its fid is at the object's address), followed by the fields given,
+/// each readable outside its module through an accessor of the same name. `$ty` is a
+/// [`FidObject`] of class `$class`, recognised by an `fi_ops` table that no other type can
+/// name: `$fi_ops` when given, else one whose only operation is `close` by [`close_object`]
+/// (for objects that own nothing needing more than their drop). Both offsets that [`object`]
+/// relies on are checked at compile time. The rest of [`FidObject`]'s contract is the using
+/// module's promise: it gives its objects to C with [`hand_out`] only.
 macro_rules! fid_object {
-    ($ty:ident: $c:ty, $class:expr, static $fi_ops:ident = $table:expr;) => {
-        static $fi_ops: $crate::ffi::FiOps = $table;
+    (
+        $(#[$meta:meta])*
+        pub struct $ty:ident: $c:ty, $class:path {
+            $($(#[$fmeta:meta])* $field:ident: $fty:ty,)*
+        }
+        $(fi_ops = $fi_ops:expr;)?
+    ) => {
+        $(#[$meta])*
+        #[repr(C)]
+        #[derive(Debug)]
+        pub struct $ty {
+            c: $c,
+            $($field: $fty,)*
+        }
+
+        impl $ty {
+            $(
+                $(#[$fmeta])*
+                pub fn $field(&self) -> &$fty {
+                    &self.$field
+                }
+            )*
+        }
 
         const _: () =
             assert!(::std::mem::offset_of!($ty, c) == 0 && ::std::mem::offset_of!($c, fid) == 0);
 
         // SAFETY: the assertion above puts the struct fid at the object's address, the table
-        // is the static defined here, named by this implementation only, and the using module
-        // hands its objects out with hand_out (the macro's contract).
+        // is a static of this function alone, and the using module hands its objects out with
+        // hand_out (the macro's contract).
         unsafe impl $crate::FidObject for $ty {
             type C = $c;
             const CLASS: usize = $class;
             fn fi_ops() -> *const $crate::ffi::FiOps {
-                &$fi_ops
+                static FI_OPS: $crate::ffi::FiOps = fid_object!(@fi_ops $ty $(, $fi_ops)?);
+                &FI_OPS
             }
         }
+    };
+    (@fi_ops $ty:ident) => {
+        $crate::ffi::FiOps {
+            close: Some($crate::close_object::<$ty>),
+            ..$crate::ffi::FiOps::ENOSYS
+        }
+    };
+    (@fi_ops $ty:ident, $fi_ops:expr) => {
+        $fi_ops
     };
 }
 
@@ -151,39 +185,109 @@ unsafe extern "C" fn svnic_cleanup() {
 }
 
 /// What an entry point returns when its body panicked (a bug): `-FI_EOTHER`, or NULL for the
-/// entry points that return strings.
-pub trait PanicReturn {
-    /// The value.
+/// entry points that return strings; and when it was called on something that is not the
+/// object it expects: `-FI_EINVAL`, or NULL.
+pub trait EntryReturn {
+    /// The value for a panic.
     fn on_panic() -> Self;
+    /// The value for an unrecognised object.
+    fn invalid() -> Self;
 }
 
-impl PanicReturn for c_int {
+impl EntryReturn for c_int {
     fn on_panic() -> Self {
         -FI_EOTHER
     }
-}
 
-impl PanicReturn for isize {
-    fn on_panic() -> Self {
-        -(FI_EOTHER as isize)
+    fn invalid() -> Self {
+        -FI_EINVAL
     }
 }
 
-impl PanicReturn for *const c_char {
+impl EntryReturn for isize {
     fn on_panic() -> Self {
+        -(FI_EOTHER as isize)
+    }
+
+    fn invalid() -> Self {
+        -(FI_EINVAL as isize)
+    }
+}
+
+impl EntryReturn for *const c_char {
+    fn on_panic() -> Self {
+        std::ptr::null()
+    }
+
+    fn invalid() -> Self {
         std::ptr::null()
     }
 }
 
 /// Runs the body of an `extern "C"` entry point; a panic is logged and becomes
-/// [`PanicReturn::on_panic`] instead of unwinding into C (which would abort the application).
-pub fn guard<R: PanicReturn>(what: &str, f: impl FnOnce() -> R) -> R {
+/// [`EntryReturn::on_panic`] instead of unwinding into C (which would abort the application).
+pub fn guard<R: EntryReturn>(what: &str, f: impl FnOnce() -> R) -> R {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(_) => {
             log::error!("svnic provider: {what} panicked; returning an error");
             R::on_panic()
         }
+    }
+}
+
+/// Runs the body of the entry point `what`, called on the object `c` (its C struct, as
+/// libfabric passes it), under [`guard`] and on the recognised `T` ([`object_of`]);
+/// [`EntryReturn::invalid`] for NULL or anything that is not a `T`.
+///
+/// `c` is what libfabric gave the entry point: NULL or a live libfabric object.
+pub(crate) fn guard_object<T: FidObject, R: EntryReturn>(
+    what: &str,
+    c: *mut T::C,
+    body: impl FnOnce(&T) -> R,
+) -> R {
+    guard_fid(what, c.cast(), body)
+}
+
+/// [`guard_object`] for the entry points that receive an object's fid (`fi_close`,
+/// `fi_control`, ...).
+pub(crate) fn guard_fid<T: FidObject, R: EntryReturn>(
+    what: &str,
+    fid: *mut Fid,
+    body: impl FnOnce(&T) -> R,
+) -> R {
+    guard(what, || {
+        // SAFETY: an entry point's object is NULL or a readable struct fid that lives until
+        // fi_close (libfabric's contract), of this provider or another; anything not a T is
+        // refused.
+        match unsafe { object::<T>(fid) } {
+            Some(obj) => body(obj),
+            None => R::invalid(),
+        }
+    })
+}
+
+/// The part every `fi_*_open` shares: `-FI_EINVAL` for missing attributes or a NULL `out`;
+/// otherwise the object `make` builds from the attributes is handed out, or its error (a
+/// positive libfabric error number) returned negated.
+///
+/// `out` is the application's out-pointer: NULL or writable.
+pub(crate) fn open_object<A, T: FidObject>(
+    attr: Option<A>,
+    out: *mut *mut T::C,
+    make: impl FnOnce(A) -> Result<T, c_int>,
+) -> c_int {
+    let Some(attr) = attr else { return -FI_EINVAL };
+    if out.is_null() {
+        return -FI_EINVAL;
+    }
+    match make(attr) {
+        Ok(obj) => {
+            // SAFETY: checked non-NULL; the application's out-pointer is writable.
+            unsafe { hand_out(out, obj) };
+            0
+        }
+        Err(e) => -e,
     }
 }
 
@@ -271,11 +375,7 @@ pub unsafe fn free_object<T: FidObject>(fid: *mut Fid) {
 /// `fid` must be NULL or point to a readable `struct fid` (libfabric's contract for
 /// `fi_close`); a fid of type `T` must not be used after it is closed.
 pub unsafe extern "C" fn close_object<T: FidObject>(fid: *mut Fid) -> c_int {
-    guard("fi_close", || {
-        // SAFETY: per the contract above; anything not a T is refused.
-        if unsafe { object::<T>(fid) }.is_none() {
-            return -FI_EINVAL;
-        }
+    guard_fid("fi_close", fid, |_: &T| {
         // SAFETY: recognised, and closed once (the contract above).
         unsafe { free_object::<T>(fid) };
         0

@@ -6,22 +6,12 @@ use std::os::raw::{c_int, c_void};
 use super::SvnicDomain;
 use crate::ffi::domain::{FiOpsMr, FidMr};
 use crate::ffi::errno::*;
-use crate::ffi::{FiOps, Fid, FI_CLASS_MR};
-use crate::{close_object, guard, hand_out, object, FidObject};
-
-/// A registration.
-#[repr(C)]
-#[derive(Debug)]
-pub struct SvnicMr {
-    c: FidMr,
-}
+use crate::ffi::{Fid, FI_CLASS_MR};
+use crate::{guard_fid, hand_out, FidObject};
 
 fid_object! {
-    SvnicMr: FidMr, FI_CLASS_MR,
-    static MR_FI_OPS = FiOps {
-        close: Some(close_object::<SvnicMr>),
-        ..FiOps::ENOSYS
-    };
+    /// A registration.
+    pub struct SvnicMr: FidMr, FI_CLASS_MR {}
 }
 
 /// The `mr` table of every domain.
@@ -30,32 +20,6 @@ pub(crate) static MR_OPS: FiOpsMr = FiOpsMr {
     regv: Some(mr_reg::<libc::iovec>),
     ..FiOpsMr::ENOSYS
 };
-
-fn register(
-    domain: *mut Fid,
-    key: u64,
-    flags: u64,
-    out: *mut *mut FidMr,
-    context: *mut c_void,
-) -> c_int {
-    // SAFETY: the application's domain fid, recognised before use.
-    if unsafe { object::<SvnicDomain>(domain) }.is_none() || out.is_null() {
-        return -FI_EINVAL;
-    }
-    if flags != 0 {
-        return -FI_EBADFLAGS;
-    }
-    let mr = SvnicMr {
-        c: FidMr {
-            fid: SvnicMr::fid(context),
-            mem_desc: std::ptr::null_mut(),
-            key,
-        },
-    };
-    // SAFETY: checked non-NULL.
-    unsafe { hand_out(out, mr) };
-    0
-}
 
 /// `fi_mr_reg` (`T = c_void`: a buffer of `len` bytes) and `fi_mr_regv` (`T = iovec`: `len`
 /// entries): the memory itself is never used.
@@ -71,10 +35,22 @@ unsafe extern "C" fn mr_reg<T>(
     out: *mut *mut FidMr,
     context: *mut c_void,
 ) -> c_int {
-    guard("fi_mr_reg", || {
-        if mem.is_null() && len > 0 {
+    guard_fid("fi_mr_reg", domain, |_: &SvnicDomain| {
+        if (mem.is_null() && len > 0) || out.is_null() {
             return -FI_EINVAL;
         }
-        register(domain, key, flags, out, context)
+        if flags != 0 {
+            return -FI_EBADFLAGS;
+        }
+        let mr = SvnicMr {
+            c: FidMr {
+                fid: SvnicMr::fid(context),
+                mem_desc: std::ptr::null_mut(),
+                key,
+            },
+        };
+        // SAFETY: checked non-NULL.
+        unsafe { hand_out(out, mr) };
+        0
     })
 }
