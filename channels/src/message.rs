@@ -187,10 +187,7 @@ impl RawMessage {
     fn peer(&self) -> ChannelAddr {
         let mut mac = [0; 6];
         mac.copy_from_slice(&self.0[OFF_MAC..OFF_MAC + 6]);
-        ChannelAddr {
-            endpoint: self.u32_at(OFF_ENDPOINT),
-            mac: MacAddr(mac),
-        }
+        ChannelAddr::new(MacAddr(mac), self.u32_at(OFF_ENDPOINT))
     }
 
     /// Validates and decodes. Never panics, whatever the bytes.

@@ -235,10 +235,7 @@ fn getinfo_answers_hints_and_refuses_what_svnic_lacks() {
     free(info);
 
     // A destination address in the hints (what fi_pingpong's client passes) is copied.
-    let dest = addr::encode(svnic_channels::ChannelAddr {
-        mac: MAC,
-        endpoint: 3,
-    });
+    let dest = addr::encode(svnic_channels::ChannelAddr::new(MAC, 3));
     let mut h = Hints::new();
     h.info.dest_addr = dest.as_ptr() as *mut c_void;
     h.info.dest_addrlen = ADDR_LEN;
@@ -893,10 +890,7 @@ fn endpoints_send_receive_and_refuse_bad_use() {
     assert_eq!(read_n(cq_a, 1).unwrap()[0].op_context as usize, 6);
 
     // A destination nobody is bound to: the engine's NoRoute as FI_EHOSTUNREACH, inline and DMA.
-    let nowhere = addr::encode(svnic_channels::ChannelAddr {
-        mac: MAC,
-        endpoint: 999,
-    });
+    let nowhere = addr::encode(svnic_channels::ChannelAddr::new(MAC, 999));
     let mut to_nowhere = [0u64];
     assert_eq!(insert(&nowhere, &mut to_nowhere, 0), 1);
     let to_nowhere = to_nowhere[0];
@@ -1636,10 +1630,7 @@ fn rdm_endpoints_match_tags_and_sources_keep_unexpected_messages_and_report_dead
         (err.op_context as usize, err.err, err.olen, err.tag),
         (600, FI_ETRUNC, 96, 60)
     );
-    let nowhere = addr::encode(svnic_channels::ChannelAddr {
-        mac: MAC,
-        endpoint: 999,
-    });
+    let nowhere = addr::encode(svnic_channels::ChannelAddr::new(MAC, 999));
     let mut to_nowhere = [0u64];
     assert_eq!(
         call!(

@@ -35,14 +35,8 @@ const VM_MAC: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x4b, 0x01, 0x01]);
 const HOST_MAC: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x4b, 0x01, 0x02]);
 const VM_ENDPOINT: u32 = 3;
 const HOST_ENDPOINT: u32 = 7;
-const VM_ADDR: ChannelAddr = ChannelAddr {
-    mac: VM_MAC,
-    endpoint: VM_ENDPOINT,
-};
-const HOST_ADDR: ChannelAddr = ChannelAddr {
-    mac: HOST_MAC,
-    endpoint: HOST_ENDPOINT,
-};
+const VM_ADDR: ChannelAddr = ChannelAddr::new(VM_MAC, VM_ENDPOINT);
+const HOST_ADDR: ChannelAddr = ChannelAddr::new(HOST_MAC, HOST_ENDPOINT);
 const COUNT: u64 = 1000;
 const SEED: u64 = 0x5eed_0000_0000_0000;
 const LONG: Duration = Duration::from_secs(60);

@@ -307,10 +307,7 @@ fn run_guests(
     }
     let mut a = connect(sa)?;
     let mut b = connect(sb)?;
-    let b_addr = ChannelAddr {
-        mac: MAC_B,
-        endpoint: 1,
-    };
+    let b_addr = ChannelAddr::new(MAC_B, 1);
     let rounds = opts.rounds.max(10);
     let n = opts.messages.max(1000);
 

@@ -208,10 +208,7 @@ impl Agent {
                 app,
                 token,
                 gpa,
-                addr: ChannelAddr {
-                    mac: self.mac,
-                    endpoint,
-                },
+                addr: ChannelAddr::new(self.mac, endpoint),
                 events: p.events,
             },
         );

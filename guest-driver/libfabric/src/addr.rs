@@ -33,10 +33,7 @@ pub fn decode(b: &[u8]) -> Option<ChannelAddr> {
     }
     let mut ep = [0u8; 4];
     ep.copy_from_slice(&b[8..12]);
-    Some(ChannelAddr {
-        mac,
-        endpoint: u32::from_le_bytes(ep),
-    })
+    Some(ChannelAddr::new(mac, u32::from_le_bytes(ep)))
 }
 
 /// The printable form `fi_svnic://<mac>/<endpoint>` (what `fi_av_straddr` writes).
@@ -53,10 +50,7 @@ mod tests {
 
     #[test]
     fn addresses_round_trip_and_garbage_is_refused() {
-        let a = ChannelAddr {
-            mac: MacAddr([0x52, 0x54, 0, 1, 2, 3]),
-            endpoint: 0x0102_0304,
-        };
+        let a = ChannelAddr::new(MacAddr([0x52, 0x54, 0, 1, 2, 3]), 0x0102_0304);
         let b = encode(a);
         assert_eq!(decode(&b), Some(a));
         assert_eq!(to_string(&b), "fi_svnic://52:54:00:01:02:03/16909060");

@@ -233,10 +233,7 @@ mod tests {
     #[test]
     fn handles_are_indices_and_removed_ones_stay_dead() {
         let av = AvInner::default();
-        let a = ChannelAddr {
-            mac: svnic_channels::MacAddr([0x52, 0x54, 0, 0, 0, 1]),
-            endpoint: 7,
-        };
+        let a = ChannelAddr::new(svnic_channels::MacAddr([0x52, 0x54, 0, 0, 0, 1]), 7);
         assert_eq!(av.insert(&addr::encode(a)), Some(0));
         assert_eq!(av.insert(&[0u8; ADDR_LEN]), None);
         assert_eq!(av.insert(&addr::encode(a)), Some(1));

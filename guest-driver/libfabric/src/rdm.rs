@@ -396,10 +396,7 @@ mod tests {
     use super::*;
 
     fn addr(ep: u32) -> ChannelAddr {
-        ChannelAddr {
-            mac: svnic_channels::MacAddr([2, 0, 0, 0, 0, 1]),
-            endpoint: ep,
-        }
+        ChannelAddr::new(svnic_channels::MacAddr([2, 0, 0, 0, 0, 1]), ep)
     }
 
     #[test]

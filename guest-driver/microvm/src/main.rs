@@ -250,10 +250,7 @@ fn parse(args: &[String], cmd: Cmd) -> Result<Options, String> {
             endpoint: 1,
             ring_size: svnic_channels::layout::DEFAULT_RING_SIZE,
             program: BypassArgs {
-                peer: ChannelAddr {
-                    mac: MacAddr([0; 6]),
-                    endpoint: 0,
-                },
+                peer: ChannelAddr::new(MacAddr([0; 6]), 0),
                 count: 1000,
                 seed: 0x5eed_0000_0000,
                 payload: Payload::UserData,
@@ -374,10 +371,7 @@ mod tests {
         assert_eq!(cfg.socket, std::path::PathBuf::from("/s"));
         assert_eq!(
             cfg.program.peer,
-            ChannelAddr {
-                mac: MacAddr([0x52, 0x54, 0, 0, 0, 2]),
-                endpoint: 7
-            }
+            ChannelAddr::new(MacAddr([0x52, 0x54, 0, 0, 0, 2]), 7)
         );
         assert_eq!(
             (

@@ -64,10 +64,7 @@ fn the_bypass_program_refuses_a_missing_boot_magic_and_an_unready_channel() {
     // A zeroed page as the "channel": its header is not ready.
     let mut vm = micro_vm();
     let not_a_channel = vm.alloc_page().unwrap();
-    let peer = ChannelAddr {
-        mac: MacAddr([2, 0, 0, 0, 0, 1]),
-        endpoint: 1,
-    };
+    let peer = ChannelAddr::new(MacAddr([2, 0, 0, 0, 0, 1]), 1);
     let args = BypassArgs {
         peer,
         count: 10,

@@ -562,10 +562,7 @@ impl Response {
                     channel: ChannelId(u32_at(b, 8)),
                     worker: u32_at(b, 12),
                     cpu,
-                    addr: ChannelAddr {
-                        mac: mac_at(b, 20),
-                        endpoint: u32_at(b, 28),
-                    },
+                    addr: ChannelAddr::new(mac_at(b, 20), u32_at(b, 28)),
                 })
             }
             5 => {

@@ -107,10 +107,10 @@ fn parse_channel_peer(s: &str) -> Result<ChannelAddr, CliError> {
         ))
     };
     let (mac, ep) = s.split_once('/').unwrap_or((s, "1"));
-    Ok(ChannelAddr {
-        mac: mac.parse().map_err(|_| bad())?,
-        endpoint: ep.parse().map_err(|_| bad())?,
-    })
+    Ok(ChannelAddr::new(
+        mac.parse().map_err(|_| bad())?,
+        ep.parse().map_err(|_| bad())?,
+    ))
 }
 
 fn parse_mac(s: &str) -> Result<MacAddr, CliError> {

@@ -78,10 +78,7 @@ mod tests {
 
     #[test]
     fn errors_read_as_sentences_naming_what_and_why() {
-        let peer = ChannelAddr {
-            mac: MacAddr([0x52, 0x54, 0, 0, 0, 2]),
-            endpoint: 1,
-        };
+        let peer = ChannelAddr::new(MacAddr([0x52, 0x54, 0, 0, 0, 2]), 1);
         let within = Duration::from_secs(1);
         let e = MeasureError::NoAnswer {
             peer,

@@ -73,10 +73,7 @@ fn create_use_and_destroy(h: &Harness) {
     let (region, layout) = h.engine.seen(|s| s.regions[&id].clone());
     let mem = region.channel(layout).unwrap();
     let mut rx = Producer::new(RingKind::Rx, &layout);
-    let from = ChannelAddr {
-        mac: MacAddr([2, 0, 0, 0, 0, 9]),
-        endpoint: 1,
-    };
+    let from = ChannelAddr::new(MacAddr([2, 0, 0, 0, 0, 9]), 1);
     let msg = Message::UserData(UserData::new(from, 77, b"through the agent").unwrap());
     assert!(rx.push(&mem, &msg.encode()).unwrap());
     rx.publish(&mem).unwrap();

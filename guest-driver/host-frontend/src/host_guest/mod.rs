@@ -192,10 +192,7 @@ impl HostGuest {
             gpa,
             len: region_len,
         });
-        let addr = ChannelAddr {
-            mac: self.shared.mac,
-            endpoint,
-        };
+        let addr = ChannelAddr::new(self.shared.mac, endpoint);
         let sent = core.send_request(ControlRequest {
             request_id,
             op: ControlOp::Create(CreateRequest {

@@ -23,20 +23,14 @@ fn all_responses() -> Vec<Response> {
             channel: ChannelId(101),
             worker: 1,
             cpu: Some(3),
-            addr: ChannelAddr {
-                mac: MAC,
-                endpoint: 42,
-            },
+            addr: ChannelAddr::new(MAC, 42),
         },
         Response::Success {
             token: 10,
             channel: ChannelId(102),
             worker: 0,
             cpu: None,
-            addr: ChannelAddr {
-                mac: MAC,
-                endpoint: 1,
-            },
+            addr: ChannelAddr::new(MAC, 1),
         },
         Response::Failure {
             token: 11,
