@@ -87,6 +87,49 @@ pub(crate) fn parse_tx<'m>(
     }
 }
 
+impl DestRun<'_> {
+    /// Delivers `tx` (from `src`, addressed to `peer`) into the locked destination; sets
+    /// `wrote` when anything was written into its RX ring (it needs a publish).
+    fn deliver_locked(
+        &mut self,
+        src: &EngineChannel,
+        src_mem: &ChannelMem<'_>,
+        tx: &Tx<'_>,
+        peer: ChannelAddr,
+    ) -> Outcome {
+        let (dest, dest_mem, rx, wrote) = (self.dest, &self.mem, &mut *self.rx, &mut self.wrote);
+        if !rx.open {
+            return Outcome::Failed(closed_status(dest));
+        }
+        match rx_room(rx, dest_mem) {
+            Ok(true) => {}
+            Ok(false) => return Outcome::Blocked(CompletionStatus::RingFull),
+            Err(e) => return Outcome::DestinationBroken(FaultReason::RxIndex, e),
+        }
+        match tx {
+            Tx::User { raw, flags } => {
+                // Take the line of the RX slot a few messages on from the receiver's core now, so
+                // that writing it later does not wait (the client does the same on its side).
+                rx.rx.prefetch(dest_mem, RX_PREFETCH_AHEAD);
+                match rx
+                    .rx
+                    .push(dest_mem, &raw.with_peer_and_flags(src.addr, FLAG_COMPLETE))
+                {
+                    Ok(_) => *wrote = true,
+                    Err(e) => return Outcome::DestinationBroken(FaultReason::RxIndex, e),
+                }
+                let completion = (flags & FLAG_WANT_COMPLETION != 0)
+                    .then(|| completion(peer, raw.cookie(), CompletionStatus::Ok, 0));
+                Outcome::Delivered {
+                    completion,
+                    bytes: 0,
+                }
+            }
+            Tx::Dma(d) => deliver_dma(src, src_mem, d, dest, dest_mem, rx, wrote),
+        }
+    }
+}
+
 /// A destination locked for a run of consecutive messages to it: one lock, one publish, one
 /// wake check per run instead of per message.
 pub(crate) struct DestRun<'d> {
@@ -123,8 +166,7 @@ impl<'d> DestRun<'d> {
         self.bytes
     }
 
-    /// Delivers `tx` (from `src`, addressed to `peer`) into the locked destination; sets
-    /// `wrote` when anything was written into its RX ring (it needs a publish).
+    /// Delivers one message into the locked destination.
     pub fn deliver(
         &mut self,
         src: &EngineChannel,
@@ -132,40 +174,7 @@ impl<'d> DestRun<'d> {
         tx: &Tx<'_>,
         peer: ChannelAddr,
     ) -> Outcome {
-        let outcome = 'place: {
-            let (dest, dest_mem, rx, wrote) =
-                (self.dest, &self.mem, &mut *self.rx, &mut self.wrote);
-            if !rx.open {
-                break 'place Outcome::Failed(closed_status(dest));
-            }
-            match rx_room(rx, dest_mem) {
-                Ok(true) => {}
-                Ok(false) => break 'place Outcome::Blocked(CompletionStatus::RingFull),
-                Err(e) => break 'place Outcome::DestinationBroken(FaultReason::RxIndex, e),
-            }
-            match tx {
-                Tx::User { raw, flags } => {
-                    // Take the line of the RX slot a few messages on from the receiver's core
-                    // now, so that writing it later does not wait (the client does the same on
-                    // its side).
-                    rx.rx.prefetch(dest_mem, RX_PREFETCH_AHEAD);
-                    match rx
-                        .rx
-                        .push(dest_mem, &raw.with_peer_and_flags(src.addr, FLAG_COMPLETE))
-                    {
-                        Ok(_) => *wrote = true,
-                        Err(e) => break 'place Outcome::DestinationBroken(FaultReason::RxIndex, e),
-                    }
-                    let completion = (flags & FLAG_WANT_COMPLETION != 0)
-                        .then(|| completion(peer, raw.cookie(), CompletionStatus::Ok, 0));
-                    Outcome::Delivered {
-                        completion,
-                        bytes: 0,
-                    }
-                }
-                Tx::Dma(d) => deliver_dma(src, src_mem, d, dest, dest_mem, rx, wrote),
-            }
-        };
+        let outcome = self.deliver_locked(src, src_mem, tx, peer);
         if let Outcome::Delivered { bytes, .. } = &outcome {
             self.messages += 1;
             self.bytes += bytes;
