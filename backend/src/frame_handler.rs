@@ -14,7 +14,6 @@
 //! A guest decides how often every line here would be written, so per-request lines are debug
 //! and warnings go through [`log_limited!`]; [`FrameCounters`] keep the counts.
 
-use crate::debug_fields::debug_fields;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -25,6 +24,7 @@ use svnic_channels::frame::{
 use svnic_channels::{ChannelId, FailureReason, MacAddr};
 use svnic_control_plane::{log_limited, CreateRequest, GuestId};
 
+use crate::debug_fields::debug_fields;
 use crate::engine::{Engine, GuestWaker};
 
 /// Where the frame handler sends frames: into a guest's virtio-net RX queue (the switch).

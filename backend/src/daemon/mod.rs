@@ -1,7 +1,6 @@
 //! The daemon: one engine, one switch, one vhost-user listener per guest, the frame handler
 //! between them, and the admin socket. `svnic serve` and `svnic demo` both run this.
 
-use crate::debug_fields::debug_fields;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
@@ -19,6 +18,7 @@ use crate::admin::{
     GuestView, PoolView, UplinkWorkerView, WorkerView,
 };
 use crate::config::DaemonConfig;
+use crate::debug_fields::debug_fields;
 use crate::engine::{Engine, EngineError, RunState};
 use crate::frame_handler::{FrameHandler, FrameOut};
 use crate::net::{

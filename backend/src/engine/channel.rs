@@ -6,7 +6,6 @@
 //! by it, and `open == false` (set under the same lock at destroy or fault) guarantees that
 //! nobody writes into the channel's memory afterwards.
 
-use crate::debug_fields::debug_fields;
 use std::collections::VecDeque;
 use std::sync::atomic::{fence, AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -21,6 +20,7 @@ use svnic_control_plane::GuestId;
 
 use super::counters::ChannelCounters;
 use super::rx_lock::{RxGuard, RxLock};
+use crate::debug_fields::debug_fields;
 
 /// Tells a guest that one of its channels has new RX messages while it sleeps.
 pub trait GuestWaker: Send + Sync {

@@ -31,8 +31,7 @@ use svnic_channels::{ChannelMem, CompletionStatus, DmaData, FaultReason, PostBuf
 use super::channel::{completion, EngineChannel, RxSide};
 use super::counters::TxTally;
 use super::deliver::{
-    closed_status, copy_range, next_usable_post, rx_room, write_dma_rx, DestRun, Outcome,
-    PendingWakes,
+    closed_status, copy_range, reserve_post, rx_room, write_dma_rx, DestRun, Outcome, PendingWakes,
 };
 
 /// A DMA-data message being copied in pieces, held by the worker that serves its sender.
@@ -122,16 +121,7 @@ impl DestRun<'_> {
         piece: u32,
     ) -> Result<LargeCopy, Outcome> {
         let rx = &mut *self.rx;
-        if !rx.open {
-            return Err(Outcome::Failed(closed_status(self.dest)));
-        }
-        match rx_room(rx, &self.mem) {
-            Ok(true) => {}
-            Ok(false) => return Err(Outcome::Blocked(CompletionStatus::RingFull)),
-            Err(e) => return Err(Outcome::DestinationBroken(FaultReason::RxIndex, e)),
-        }
-        let buf = next_usable_post(self.dest, &self.mem, rx, &mut self.wrote, d.data.len)?;
-        rx.post_reserved = true;
+        let buf = reserve_post(self.dest, &self.mem, rx, &mut self.wrote, d.data.len)?;
         let mut progress = Progress {
             msg: *d,
             buf,

@@ -19,7 +19,6 @@ mod vector_copy;
 mod wire;
 pub(crate) mod worker;
 
-use crate::debug_fields::debug_fields;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -41,6 +40,8 @@ pub use wire::{WireCounts, WireSetup, WireStats};
 pub use worker::{allowed_cpus, pin_to_cpu};
 
 use worker::WorkerHandle;
+
+use crate::debug_fields::debug_fields;
 
 /// The engine's control plane (guests, channel records, routing table): routes carry the
 /// runtime channel.

@@ -16,7 +16,6 @@
 //!   A [`Placement`] dropped before its last fragment gives the reservation back; the buffer stays
 //!   posted and gets no RX message.
 
-use crate::debug_fields::debug_fields;
 use std::sync::Arc;
 
 use svnic_channels::frame::DataKind;
@@ -29,7 +28,8 @@ use svnic_channels::{
 use vm_memory::VolatileMemory;
 
 use super::channel::{EngineChannel, RxSide};
-use super::deliver::{closed_status, next_usable_post, rx_room, Outcome, Tx};
+use super::deliver::{accepts, closed_status, reserve_post, Outcome, Tx};
+use crate::debug_fields::debug_fields;
 
 /// A message taken from a sender's TX ring for a remote destination.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,13 +170,10 @@ pub(crate) fn place_user(
     .encode();
     let mem = dest.mem();
     let mut rx = dest.lock_rx();
-    if !rx.open {
-        return Outcome::Failed(closed_status(dest));
-    }
-    match rx_room(&mut rx, &mem) {
-        Ok(true) => {}
-        Ok(false) => return Outcome::Blocked(CompletionStatus::RingFull),
-        Err(e) => return broken(dest, rx, FaultReason::RxIndex, e),
+    match accepts(dest, &mem, &mut rx) {
+        Ok(()) => {}
+        Err(Outcome::DestinationBroken(reason, e)) => return broken(dest, rx, reason, e),
+        Err(outcome) => return outcome,
     }
     if let Err(e) = rx.rx.push(&mem, &msg).and_then(|_| rx.rx.publish(&mem)) {
         return broken(dest, rx, FaultReason::RxIndex, e);
@@ -219,36 +216,25 @@ impl Placement {
     pub fn begin(dest: &Arc<EngineChannel>, total: u32) -> Result<Self, Outcome> {
         let mem = dest.mem();
         let mut rx = dest.lock_rx();
-        if !rx.open {
-            return Err(Outcome::Failed(closed_status(dest)));
-        }
-        match rx_room(&mut rx, &mem) {
-            Ok(true) => {}
-            Ok(false) => return Err(Outcome::Blocked(CompletionStatus::RingFull)),
-            Err(e) => return Err(broken(dest, rx, FaultReason::RxIndex, e)),
-        }
         let mut wrote = false;
-        let found = next_usable_post(dest, &mem, &mut rx, &mut wrote, total);
+        let found = reserve_post(dest, &mem, &mut rx, &mut wrote, total);
+        if let Err(Outcome::DestinationBroken(reason, e)) = found {
+            return Err(broken(dest, rx, reason, e));
+        }
         if wrote {
             // Refused posted buffers were reported on the destination's own RX ring.
             if let Err(e) = rx.rx.publish(&mem) {
+                // The reservation goes with the channel, which the fault closes.
                 return Err(broken(dest, rx, FaultReason::RxIndex, e));
             }
         }
-        let placement = match found {
-            Ok(buf) => {
-                rx.post_reserved = true;
-                Ok(Placement {
-                    dest: Arc::clone(dest),
-                    buf,
-                    total,
-                    placed: 0,
-                    reserved: true,
-                })
-            }
-            Err(Outcome::DestinationBroken(reason, e)) => return Err(broken(dest, rx, reason, e)),
-            Err(outcome) => Err(outcome),
-        };
+        let placement = found.map(|buf| Placement {
+            dest: Arc::clone(dest),
+            buf,
+            total,
+            placed: 0,
+            reserved: true,
+        });
         drop(rx);
         if wrote {
             dest.wake_if_sleeping(&mem);
@@ -304,13 +290,10 @@ impl Placement {
         let dest = Arc::clone(&self.dest);
         let mem = dest.mem();
         let mut rx = dest.lock_rx();
-        if !rx.open {
-            return Outcome::Failed(closed_status(&dest));
-        }
-        match rx_room(&mut rx, &mem) {
-            Ok(true) => {}
-            Ok(false) => return Outcome::Blocked(CompletionStatus::RingFull),
-            Err(e) => return broken(&dest, rx, FaultReason::RxIndex, e),
+        match accepts(&dest, &mem, &mut rx) {
+            Ok(()) => {}
+            Err(Outcome::DestinationBroken(reason, e)) => return broken(&dest, rx, reason, e),
+            Err(outcome) => return outcome,
         }
         let out = Message::DmaData(DmaData {
             peer,

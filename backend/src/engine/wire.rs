@@ -21,7 +21,6 @@
 //! the table has no slot for a new session (every one holds other channels' messages) it waits
 //! like a message for a full local destination, up to the backpressure wait.
 
-use crate::debug_fields::debug_fields;
 use std::collections::HashMap;
 use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex};
@@ -40,6 +39,7 @@ use super::counters::{bump, TxTally};
 use super::deliver::{Outcome, Tx};
 use super::remote::{Incoming, Outbound, Placement};
 use crate::counter_set::counter_set;
+use crate::debug_fields::debug_fields;
 use crate::uplink::packet::{PacketError, PacketSocket};
 use crate::uplink::reliable::{
     Blocked, BundleHeader, BundleVerdict, Completed, DataHeader, FaultCounters, FaultInjection,

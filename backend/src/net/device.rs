@@ -10,7 +10,6 @@
 //! the listener thread (disconnect). Lock order: the worker never holds the device state lock
 //! while it holds a vring lock.
 
-use crate::debug_fields::debug_fields;
 use std::io;
 use std::os::unix::io::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,6 +34,7 @@ use super::virtio_net::{
     device_features, read_config, read_tx_frame, write_rx_frame, NetFeatures, RxOutcome,
     MAX_QUEUE_SIZE, NUM_QUEUES, RX_QUEUE, TX_QUEUE,
 };
+use crate::debug_fields::debug_fields;
 
 /// Event id of the port's wake eventfd on the vring worker's epoll (ids `0..NUM_QUEUES` are the
 /// queues, `NUM_QUEUES` is the library's exit / vring-enabled event).

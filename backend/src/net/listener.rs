@@ -12,7 +12,6 @@
 //! vhost crate accepts); the daemon accepts the relay's connection on a private rendezvous
 //! socket.
 
-use crate::debug_fields::debug_fields;
 use std::io;
 use std::ops::ControlFlow;
 use std::os::fd::AsFd;
@@ -37,6 +36,7 @@ use super::device::{NetDevice, WAKE_EVENT};
 use super::port::{PortId, SwitchPort};
 use super::relay::Relay;
 use super::switch::Switch;
+use crate::debug_fields::debug_fields;
 use crate::sockets::{
     bind_socket, next_connection, Backoff, PeerFilter, SocketAccess, SocketError, StopWatch,
 };

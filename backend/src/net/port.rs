@@ -10,20 +10,19 @@
 //! wake for a channel that already has one waiting (not the one being delivered) is coalesced
 //! into it: one pending wake per channel is all a guest needs.
 
-use crate::debug_fields::debug_fields;
 use std::collections::VecDeque;
 use std::io;
 use std::os::unix::io::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::counter_set::counter_set;
-
 use svnic_channels::{ChannelId, MacAddr};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::frame_pool::PooledFrame;
+use crate::counter_set::counter_set;
+use crate::debug_fields::debug_fields;
 
 /// A port is named by the guest it belongs to.
 pub type PortId = svnic_control_plane::GuestId;

@@ -21,7 +21,6 @@
 //! to its owner; others (the wire carries every host's traffic) are not for this host. The
 //! caller counts the outcome.
 
-use crate::debug_fields::debug_fields;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -33,6 +32,7 @@ use thiserror::Error;
 use super::frame_pool::{FramePool, PooledFrame};
 use super::port::{EngineQueued, PortCounters, PortEvents, PortId, PortStats, SwitchPort};
 use super::virtio_net::MAX_FRAME_LEN;
+use crate::debug_fields::debug_fields;
 use crate::uplink::{Ingress, LocalPorts};
 
 /// Length of an Ethernet header (destination, source, EtherType).

@@ -3,13 +3,14 @@
 //! retrying at once, since the pending connection keeps the socket readable and a retry loop
 //! would spin and log without end. The stop signal still ends the wait at once.
 
-use crate::debug_fields::debug_fields;
 use std::fmt::Display;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::time::Duration;
 
 use svnic_control_plane::log_limited;
+
+use crate::debug_fields::debug_fields;
 
 /// The first wait after an accept error.
 pub const FIRST_DELAY: Duration = Duration::from_millis(10);

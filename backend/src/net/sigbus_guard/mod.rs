@@ -26,7 +26,6 @@
 
 mod handler;
 
-use crate::debug_fields::debug_fields;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -40,6 +39,8 @@ use vm_memory::{Address, GuestMemoryRegion, GuestRegionMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use handler::SLOT_COUNT;
+
+use crate::debug_fields::debug_fields;
 
 /// Slots one owner (a guest's port) may hold: its live table and older tables its channels keep
 /// mapped. One guest cannot take the slots every other guest's memory needs.
