@@ -62,12 +62,20 @@ impl RingKind {
             RingKind::Post => header::POST_TAIL,
         }
     }
+    #[inline]
     fn base(self, l: &ChannelLayout) -> usize {
         match self {
             RingKind::Tx => l.tx_ring,
             RingKind::Rx => l.rx_ring,
             RingKind::Post => l.post_ring,
         }
+    }
+
+    /// The offset in a channel of layout `l` of this ring's slot for index `index` (taken
+    /// modulo the ring size).
+    #[inline]
+    pub fn slot_offset(self, l: &ChannelLayout, index: u32) -> usize {
+        self.base(l) + (index & l.mask()) as usize * MESSAGE_SIZE
     }
 }
 
@@ -278,8 +286,9 @@ impl<'a> ChannelMem<'a> {
             .is_none_or(|v| v != 0)
     }
 
+    #[inline]
     fn slot_offset(&self, kind: RingKind, index: u32) -> usize {
-        kind.base(&self.layout) + (index & self.layout.mask()) as usize * MESSAGE_SIZE
+        kind.slot_offset(&self.layout, index)
     }
 
     /// Runs `f` on the slot of `index` in ring `kind`, as a pointer to [`SLOT_WORDS`] aligned

@@ -21,8 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use svnic_channels::layout::header;
-use svnic_channels::message::MESSAGE_SIZE;
-use svnic_channels::{ChannelLayout, ChannelMem, SharedRegion};
+use svnic_channels::{ChannelLayout, ChannelMem, RingKind, SharedRegion};
 use svnic_client::channel::Doorbell;
 use vm_memory::Bytes;
 use vmm_sys_util::eventfd::EventFd;
@@ -313,21 +312,20 @@ impl<'a> Mediator<'a> {
 
     fn send(&mut self, slot_gpa: u64) -> Result<(), MicroVmError> {
         let l = self.side.mem.layout();
-        let slot = |ring: usize, head: u32| {
-            self.side.channel_gpa + (ring + (head & l.mask()) as usize * MESSAGE_SIZE) as u64
-        };
-        let (word, head) = if slot_gpa == slot(l.tx_ring, self.tx_head) {
+        let slot =
+            |ring: RingKind, head: u32| self.side.channel_gpa + ring.slot_offset(l, head) as u64;
+        let (word, head) = if slot_gpa == slot(RingKind::Tx, self.tx_head) {
             self.tx_head = self.tx_head.wrapping_add(1);
             (header::TX_HEAD, self.tx_head)
-        } else if slot_gpa == slot(l.post_ring, self.post_head) {
+        } else if slot_gpa == slot(RingKind::Post, self.post_head) {
             self.post_head = self.post_head.wrapping_add(1);
             (header::POST_HEAD, self.post_head)
         } else {
             return Err(MicroVmError::BadGuest(format!(
                 "MEDIATE_SEND of {slot_gpa:#x}, which is not the next TX ({:#x}) or post \
                  ({:#x}) ring slot",
-                slot(l.tx_ring, self.tx_head),
-                slot(l.post_ring, self.post_head)
+                slot(RingKind::Tx, self.tx_head),
+                slot(RingKind::Post, self.post_head)
             )));
         };
         self.side.publish(word, head)?;
