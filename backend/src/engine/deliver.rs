@@ -89,8 +89,9 @@ pub(crate) fn parse_tx<'m>(
 
 impl DestRun<'_> {
     /// Delivers `tx` (from `src`, addressed to `peer`) into the locked destination; sets
-    /// `wrote` when anything was written into its RX ring (it needs a publish).
-    fn deliver_locked(
+    /// `wrote` when anything was written into its RX ring (it needs a publish) and counts what
+    /// was delivered.
+    pub fn deliver(
         &mut self,
         src: &EngineChannel,
         src_mem: &ChannelMem<'_>,
@@ -113,6 +114,7 @@ impl DestRun<'_> {
                     Ok(_) => *wrote = true,
                     Err(e) => return Outcome::DestinationBroken(FaultReason::RxIndex, e),
                 }
+                self.messages += 1;
                 let completion = (flags & FLAG_WANT_COMPLETION != 0)
                     .then(|| completion(peer, raw.cookie(), CompletionStatus::Ok, 0));
                 Outcome::Delivered {
@@ -120,7 +122,14 @@ impl DestRun<'_> {
                     bytes: 0,
                 }
             }
-            Tx::Dma(d) => deliver_dma(src, src_mem, d, dest, dest_mem, rx, wrote),
+            Tx::Dma(d) => {
+                let outcome = deliver_dma(src, src_mem, d, dest, dest_mem, rx, wrote);
+                if let Outcome::Delivered { bytes, .. } = &outcome {
+                    self.messages += 1;
+                    self.bytes += bytes;
+                }
+                outcome
+            }
         }
     }
 }
@@ -159,22 +168,6 @@ impl<'d> DestRun<'d> {
     /// DMA-data bytes copied in this run so far.
     pub fn bytes(&self) -> u64 {
         self.bytes
-    }
-
-    /// Delivers one message into the locked destination.
-    pub fn deliver(
-        &mut self,
-        src: &EngineChannel,
-        src_mem: &ChannelMem<'_>,
-        tx: &Tx<'_>,
-        peer: ChannelAddr,
-    ) -> Outcome {
-        let outcome = self.deliver_locked(src, src_mem, tx, peer);
-        if let Outcome::Delivered { bytes, .. } = &outcome {
-            self.messages += 1;
-            self.bytes += bytes;
-        }
-        outcome
     }
 
     /// Publishes what the run wrote so far without unlocking (bulk DMA-data, so that the
