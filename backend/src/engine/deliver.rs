@@ -99,7 +99,7 @@ impl DestRun<'_> {
         peer: ChannelAddr,
     ) -> Outcome {
         let (dest, dest_mem, rx, wrote) = (self.dest, &self.mem, &mut *self.rx, &mut self.wrote);
-        if let Err(outcome) = accepts(dest, dest_mem, rx) {
+        if let Err(outcome) = rx.accepts(dest, dest_mem) {
             return outcome;
         }
         match tx {
@@ -275,39 +275,42 @@ pub(super) fn closed_status(dest: &EngineChannel) -> CompletionStatus {
     }
 }
 
-/// The checks of a delivery into a locked destination before anything is written: the channel
-/// is open and its RX ring has room. Otherwise the outcome for the message.
-#[inline]
-pub(super) fn accepts(
-    dest: &EngineChannel,
-    dest_mem: &ChannelMem<'_>,
-    rx: &mut RxSide,
-) -> Result<(), Outcome> {
-    if !rx.open {
-        return Err(Outcome::Failed(closed_status(dest)));
+impl RxSide {
+    /// The checks of a delivery into this (locked) RX side of `dest` before anything is
+    /// written: the channel is open and its RX ring has room. Otherwise the outcome for the
+    /// message.
+    #[inline]
+    pub(super) fn accepts(
+        &mut self,
+        dest: &EngineChannel,
+        dest_mem: &ChannelMem<'_>,
+    ) -> Result<(), Outcome> {
+        if !self.open {
+            return Err(Outcome::Failed(closed_status(dest)));
+        }
+        match rx_room(self, dest_mem) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Outcome::Blocked(CompletionStatus::RingFull)),
+            Err(e) => Err(Outcome::DestinationBroken(FaultReason::RxIndex, e)),
+        }
     }
-    match rx_room(rx, dest_mem) {
-        Ok(true) => Ok(()),
-        Ok(false) => Err(Outcome::Blocked(CompletionStatus::RingFull)),
-        Err(e) => Err(Outcome::DestinationBroken(FaultReason::RxIndex, e)),
-    }
-}
 
-/// Reserves the destination's next posted buffer for a message of `len` bytes placed in
-/// pieces, after the checks of a whole delivery (the channel is open, its RX ring has room):
-/// the buffer stays at the head of the post ring, and no other message takes a buffer, until
-/// the reservation is given back. Otherwise the outcome for the message.
-pub(super) fn reserve_post(
-    dest: &EngineChannel,
-    dest_mem: &ChannelMem<'_>,
-    rx: &mut RxSide,
-    wrote: &mut bool,
-    len: u32,
-) -> Result<PostBuffer, Outcome> {
-    accepts(dest, dest_mem, rx)?;
-    let buf = next_usable_post(dest, dest_mem, rx, wrote, len)?;
-    rx.post_reserved = true;
-    Ok(buf)
+    /// Reserves `dest`'s next posted buffer for a message of `len` bytes placed in pieces,
+    /// after the checks of a whole delivery ([`RxSide::accepts`]): the buffer stays at the head
+    /// of the post ring, and no other message takes a buffer, until the reservation is given
+    /// back. Otherwise the outcome for the message.
+    pub(super) fn reserve_post(
+        &mut self,
+        dest: &EngineChannel,
+        dest_mem: &ChannelMem<'_>,
+        wrote: &mut bool,
+        len: u32,
+    ) -> Result<PostBuffer, Outcome> {
+        self.accepts(dest, dest_mem)?;
+        let buf = next_usable_post(dest, dest_mem, self, wrote, len)?;
+        self.post_reserved = true;
+        Ok(buf)
+    }
 }
 
 /// True if the RX ring has a free slot (re-reading the guest's consumer index only when the

@@ -31,7 +31,7 @@ use svnic_channels::{ChannelMem, CompletionStatus, DmaData, FaultReason, PostBuf
 use super::channel::{completion, EngineChannel, RxSide};
 use super::counters::TxTally;
 use super::deliver::{
-    closed_status, copy_range, reserve_post, rx_room, write_dma_rx, DestRun, Outcome, PendingWakes,
+    closed_status, copy_range, rx_room, write_dma_rx, DestRun, Outcome, PendingWakes,
 };
 
 /// A DMA-data message being copied in pieces, held by the worker that serves its sender.
@@ -121,7 +121,7 @@ impl DestRun<'_> {
         piece: u32,
     ) -> Result<LargeCopy, Outcome> {
         let rx = &mut *self.rx;
-        let buf = reserve_post(self.dest, &self.mem, rx, &mut self.wrote, d.data.len)?;
+        let buf = rx.reserve_post(self.dest, &self.mem, &mut self.wrote, d.data.len)?;
         let mut progress = Progress {
             msg: *d,
             buf,

@@ -28,7 +28,7 @@ use svnic_channels::{
 use vm_memory::VolatileMemory;
 
 use super::channel::{EngineChannel, RxSide};
-use super::deliver::{accepts, closed_status, reserve_post, Outcome, Tx};
+use super::deliver::{closed_status, Outcome, Tx};
 use crate::debug_fields::debug_fields;
 
 /// A message taken from a sender's TX ring for a remote destination.
@@ -170,7 +170,7 @@ pub(crate) fn place_user(
     .encode();
     let mem = dest.mem();
     let mut rx = dest.lock_rx();
-    match accepts(dest, &mem, &mut rx) {
+    match rx.accepts(dest, &mem) {
         Ok(()) => {}
         Err(Outcome::DestinationBroken(reason, e)) => return broken(dest, rx, reason, e),
         Err(outcome) => return outcome,
@@ -217,7 +217,7 @@ impl Placement {
         let mem = dest.mem();
         let mut rx = dest.lock_rx();
         let mut wrote = false;
-        let found = reserve_post(dest, &mem, &mut rx, &mut wrote, total);
+        let found = rx.reserve_post(dest, &mem, &mut wrote, total);
         if let Err(Outcome::DestinationBroken(reason, e)) = found {
             return Err(broken(dest, rx, reason, e));
         }
@@ -290,7 +290,7 @@ impl Placement {
         let dest = Arc::clone(&self.dest);
         let mem = dest.mem();
         let mut rx = dest.lock_rx();
-        match accepts(&dest, &mem, &mut rx) {
+        match rx.accepts(&dest, &mem) {
             Ok(()) => {}
             Err(Outcome::DestinationBroken(reason, e)) => return broken(&dest, rx, reason, e),
             Err(outcome) => return outcome,
