@@ -25,17 +25,10 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+source scripts/lib/bench-args.sh
 rounds=3
 build=1
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --rounds) rounds=$2; shift ;;
-        --no-build) build=0 ;;
-        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
-        *) echo "unknown argument: $1 (try --help)" >&2; exit 64 ;;
-    esac
-    shift
-done
+bench_args "$@"
 
 target=${CARGO_TARGET_DIR:-$root/target}
 if [ "$build" = 1 ]; then
