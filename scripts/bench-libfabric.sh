@@ -24,12 +24,8 @@
 # fails or times out is shown as FAIL(status) and never enters a median.
 set -euo pipefail
 
-root=$(cd "$(dirname "$0")/.." && pwd)
-cd "$root"
-
-source scripts/lib/bench-args.sh
+source "$(dirname "$0")/lib/bench-common.sh"
 rounds=2
-build=1
 mpi=1
 bench_option() {
     case "$1" in
@@ -39,7 +35,6 @@ bench_option() {
 }
 bench_args "$@"
 
-target=${CARGO_TARGET_DIR:-$root/target}
 work=$(mktemp -d /tmp/svnic-bench-fi.XXXXXX)
 sock=$work/pool.sock
 daemon_pid=

@@ -32,16 +32,12 @@
 #   --no-build        use the release binaries already in target/release
 set -euo pipefail
 
-root=$(cd "$(dirname "$0")/.." && pwd)
-cd "$root"
-
-source scripts/lib/bench-args.sh
+source "$(dirname "$0")/lib/bench-common.sh"
 rounds=3
 count=20000
 peer=self
 echo_cpu=0
 echo_yields=1000000000
-build=1
 bench_option() {
     case "$1" in
         --count) bench_value count "$@" ;;
@@ -61,7 +57,6 @@ case "$echo_cpu" in
     *) echo "--echo-cpu must be 0, 1 or free" >&2; exit 64 ;;
 esac
 
-target=${CARGO_TARGET_DIR:-$root/target}
 work=$(mktemp -d /tmp/svnic-bench-microvm.XXXXXX)
 pids=()
 cleanup() {

@@ -23,14 +23,10 @@
 # Needs root (network namespaces). Prints a markdown table.
 set -euo pipefail
 
-root=$(cd "$(dirname "$0")/.." && pwd)
-cd "$root"
-source scripts/lib/bench-args.sh
+source "$(dirname "$0")/lib/bench-common.sh"
 rounds=3
-build=1
 bench_args "$@"
 
-target=${CARGO_TARGET_DIR:-$root/target}
 if [ "$build" = 1 ]; then
     cargo build --release -q -p svnic -p svnic-guest-tools
     scripts/install-libfabric-provider.sh "$target/libfabric-provider" >/dev/null
