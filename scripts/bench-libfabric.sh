@@ -24,24 +24,17 @@
 # fails or times out is shown as FAIL(status) and never enters a median.
 set -euo pipefail
 
-root=$(cd "$(dirname "$0")/.." && pwd)
-cd "$root"
-
+source "$(dirname "$0")/lib/bench-common.sh"
 rounds=2
-build=1
 mpi=1
-while [ $# -gt 0 ]; do
+bench_option() {
     case "$1" in
-        --rounds) rounds=$2; shift ;;
-        --no-build) build=0 ;;
-        --no-mpi) mpi=0 ;;
-        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
-        *) echo "unknown argument: $1 (try --help)" >&2; exit 64 ;;
+        --no-mpi) mpi=0; bench_took=1 ;;
+        *) return 1 ;;
     esac
-    shift
-done
+}
+bench_args "$@"
 
-target=${CARGO_TARGET_DIR:-$root/target}
 work=$(mktemp -d /tmp/svnic-bench-fi.XXXXXX)
 sock=$work/pool.sock
 daemon_pid=

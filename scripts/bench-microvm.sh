@@ -32,28 +32,22 @@
 #   --no-build        use the release binaries already in target/release
 set -euo pipefail
 
-root=$(cd "$(dirname "$0")/.." && pwd)
-cd "$root"
-
+source "$(dirname "$0")/lib/bench-common.sh"
 rounds=3
 count=20000
 peer=self
 echo_cpu=0
 echo_yields=1000000000
-build=1
-while [ $# -gt 0 ]; do
+bench_option() {
     case "$1" in
-        --rounds) rounds=$2; shift ;;
-        --count) count=$2; shift ;;
-        --peer) peer=$2; shift ;;
-        --echo-cpu) echo_cpu=$2; shift ;;
-        --echo-yields) echo_yields=$2; shift ;;
-        --no-build) build=0 ;;
-        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
-        *) echo "unknown argument: $1 (try --help)" >&2; exit 64 ;;
+        --count) bench_value count "$@" ;;
+        --peer) bench_value peer "$@" ;;
+        --echo-cpu) bench_value echo_cpu "$@" ;;
+        --echo-yields) bench_value echo_yields "$@" ;;
+        *) return 1 ;;
     esac
-    shift
-done
+}
+bench_args "$@"
 case "$peer" in
     self|echo) ;;
     *) echo "--peer must be self or echo" >&2; exit 64 ;;
@@ -63,7 +57,6 @@ case "$echo_cpu" in
     *) echo "--echo-cpu must be 0, 1 or free" >&2; exit 64 ;;
 esac
 
-target=${CARGO_TARGET_DIR:-$root/target}
 work=$(mktemp -d /tmp/svnic-bench-microvm.XXXXXX)
 pids=()
 cleanup() {

@@ -23,21 +23,10 @@
 # Needs root (network namespaces). Prints a markdown table.
 set -euo pipefail
 
-root=$(cd "$(dirname "$0")/.." && pwd)
-cd "$root"
+source "$(dirname "$0")/lib/bench-common.sh"
 rounds=3
-build=1
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --rounds) rounds=$2; shift ;;
-        --no-build) build=0 ;;
-        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
-        *) echo "unknown argument: $1 (try --help)" >&2; exit 64 ;;
-    esac
-    shift
-done
+bench_args "$@"
 
-target=${CARGO_TARGET_DIR:-$root/target}
 if [ "$build" = 1 ]; then
     cargo build --release -q -p svnic -p svnic-guest-tools
     scripts/install-libfabric-provider.sh "$target/libfabric-provider" >/dev/null

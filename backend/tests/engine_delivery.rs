@@ -23,8 +23,7 @@ fn completions(msgs: &[Message]) -> Vec<(u64, CompletionStatus, u32)> {
 #[test]
 fn user_data_arrives_intact_and_in_order_across_guests() {
     let engine = engine(2);
-    let mut ga = FakeGuest::new(&engine, 1, 8);
-    let mut gb = FakeGuest::new(&engine, 2, 8);
+    let (mut ga, mut gb) = two_guests(&engine, 8);
     let mut a = ga.open(10);
     let mut b = gb.open(20);
     let n = 20_000u64;
@@ -277,8 +276,7 @@ fn refused_posted_buffer_is_reported_to_its_owner_and_skipped() {
 fn full_ring_applies_backpressure_then_delivers() {
     // Wait long enough for the receiver to catch up: nothing is lost, nothing errors.
     let engine = engine_with_wait(1, Duration::from_secs(5));
-    let mut ga = FakeGuest::new(&engine, 1, 8);
-    let mut gb = FakeGuest::new(&engine, 2, 8);
+    let (mut ga, mut gb) = two_guests(&engine, 8);
     let mut a = ga.open_with(1, 16, 1 << 20).unwrap();
     let mut b = gb.open_with(2, 16, 1 << 20).unwrap();
     let n = 200u64;
@@ -306,8 +304,7 @@ fn full_ring_applies_backpressure_then_delivers() {
 #[test]
 fn full_ring_for_the_whole_wait_is_an_error_completion() {
     let engine = quick_engine();
-    let mut ga = FakeGuest::new(&engine, 1, 8);
-    let mut gb = FakeGuest::new(&engine, 2, 8);
+    let (mut ga, mut gb) = two_guests(&engine, 8);
     let mut a = ga.open_with(1, 64, 1 << 20).unwrap();
     let _b = gb.open_with(2, 16, 1 << 20).unwrap(); // never polled
     for i in 0..20 {
@@ -337,17 +334,8 @@ fn full_ring_for_the_whole_wait_is_an_error_completion() {
 fn destination_destroyed_while_held_is_destination_gone() {
     let engine = engine_with_wait(1, Duration::from_secs(30));
     let (ga, gb, mut a, b) = guest_pair(&engine);
-    let off = a.layout().data_offset;
     // No buffer posted: the DMA message waits (30 s) ...
-    send_dma_flushed(&mut a, gb.addr(2), 13, off, 8);
-    std::thread::sleep(Duration::from_millis(50));
-    assert!(
-        engine
-            .channel_stats(ChannelId(a.id()))
-            .unwrap()
-            .backpressure_holds
-            > 0
-    );
+    send_dma_held(&engine, &mut a, gb.addr(2), 13);
     // ... until its destination is destroyed.
     engine
         .destroy_channel(Some(gb.id), ChannelId(b.id()))
@@ -550,8 +538,7 @@ fn a_busy_sender_cannot_starve_another_channel_of_its_worker() {
         ..Default::default()
     })
     .unwrap();
-    let mut ga = FakeGuest::new(&engine, 1, 8);
-    let mut gb = FakeGuest::new(&engine, 2, 8);
+    let (mut ga, mut gb) = two_guests(&engine, 8);
     // Created first, so served first in a pass.
     let (mut busy, busy_region) = open_muted(&mut ga, 10);
     let (mut quiet, _) = open_muted(&mut ga, 11);

@@ -33,6 +33,12 @@ fn engine_with_budget(byte_budget: u32) -> Engine {
     .unwrap()
 }
 
+/// Guests 1 (the senders) and 2 (the destinations) on `engine`, each with memory for a
+/// [`LARGE_REGION`] channel and a default one.
+fn large_guests(engine: &Engine) -> (FakeGuest, FakeGuest) {
+    two_guests(engine, 40)
+}
+
 /// `len` bytes, none of them zero, that differ from one `seed` to the next.
 fn pattern(seed: u8, len: u32) -> Vec<u8> {
     (0..len)
@@ -70,8 +76,7 @@ fn post_at_start(ch: &mut Channel, cookie: u64, len: u32) -> u64 {
 fn round_trips_of_another_channel_complete_while_a_large_message_is_copied() {
     const ROUND_TRIPS: u32 = 3;
     let engine = engine_with_budget(4096);
-    let mut senders = FakeGuest::new(&engine, 1, 40);
-    let mut receivers = FakeGuest::new(&engine, 2, 40);
+    let (mut senders, mut receivers) = large_guests(&engine);
     // Created first, so served first in each pass.
     let mut a = senders.open_with(1, 256, LARGE_REGION).unwrap();
     let mut b = senders.open(2);
@@ -133,8 +138,7 @@ fn a_large_message_arrives_once_intact_and_in_order() {
     let engine = engine(1);
     let piece = engine.config().byte_budget;
     let len = 8 * piece + 123;
-    let mut ga = FakeGuest::new(&engine, 1, 40);
-    let mut gd = FakeGuest::new(&engine, 2, 40);
+    let (mut ga, mut gd) = large_guests(&engine);
     let mut a = ga.open_with(1, 256, LARGE_REGION).unwrap();
     let mut d = gd.open_with(1, 256, LARGE_REGION).unwrap();
     let small = 5000u32;
@@ -217,8 +221,7 @@ fn dma_data_behind_a_reserved_buffer_waits_and_keeps_buffer_order() {
         ..Default::default()
     })
     .unwrap();
-    let mut ga = FakeGuest::new(&engine, 1, 40);
-    let mut gd = FakeGuest::new(&engine, 2, 40);
+    let (mut ga, mut gd) = large_guests(&engine);
     let mut a = ga.open_with(1, 256, LARGE_REGION).unwrap();
     let mut c = ga.open(2);
     let (mut d, d_region) = gd.open_region(1, 256, LARGE_REGION).unwrap();
@@ -271,8 +274,7 @@ fn send_large_and_wait_for_first_piece(
 #[test]
 fn a_destination_destroyed_mid_message_fails_it_and_is_not_written_after() {
     let engine = engine_with_budget(4096);
-    let mut ga = FakeGuest::new(&engine, 1, 40);
-    let mut gd = FakeGuest::new(&engine, 2, 40);
+    let (mut ga, mut gd) = large_guests(&engine);
     let mut a = ga.open_with(1, 256, LARGE_REGION).unwrap();
     let data = pattern(5, LARGE);
     a.write_data(a.layout().data_offset, &data).unwrap();
@@ -324,8 +326,7 @@ fn a_destination_destroyed_mid_message_fails_it_and_is_not_written_after() {
 #[test]
 fn a_sender_destroyed_mid_message_gives_the_posted_buffer_back() {
     let engine = engine_with_budget(4096);
-    let mut ga = FakeGuest::new(&engine, 1, 40);
-    let mut gd = FakeGuest::new(&engine, 2, 40);
+    let (mut ga, mut gd) = large_guests(&engine);
     let mut c = ga.open(2);
     let a_region = ga.alloc(LARGE_REGION);
     let (mut d, d_region) = gd.open_region(1, 256, LARGE_REGION).unwrap();
@@ -379,8 +380,7 @@ fn a_sender_destroyed_mid_message_gives_the_posted_buffer_back() {
 fn a_large_copy_finishes_while_its_senders_completions_wait() {
     const RING: u32 = 16;
     let engine = engine_with_budget(64 << 10);
-    let mut ga = FakeGuest::new(&engine, 1, 40);
-    let mut gd = FakeGuest::new(&engine, 2, 40);
+    let (mut ga, mut gd) = large_guests(&engine);
     let mut a = ga.open_with(1, RING, LARGE_REGION).unwrap();
     let mut d = gd.open_with(1, 256, LARGE_REGION).unwrap();
     let nowhere = gd.addr(99);

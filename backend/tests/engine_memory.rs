@@ -170,15 +170,7 @@ fn memory_gone_destroys_channels_and_fails_messages_in_flight_to_them() {
     let engine = engine_with_wait(2, Duration::from_secs(30));
     let (ga, gb, mut a, b) = live_pair(&engine);
     // A DMA message waits for a buffer B will never post.
-    let off = a.layout().data_offset;
-    send_dma_flushed(&mut a, gb.addr(2), 7, off, 8);
-    wait_until(T, || {
-        engine
-            .channel_stats(ChannelId(a.id()))
-            .unwrap()
-            .backpressure_holds
-            > 0
-    });
+    send_dma_held(&engine, &mut a, gb.addr(2), 7);
     // B disconnects.
     engine.set_guest_memory(gb.id, None).unwrap();
     assert_eq!(engine.run_state(ChannelId(b.id())), None, "destroyed");

@@ -248,11 +248,18 @@ impl FakeGuest {
     }
 }
 
+/// Guests 1 and 2 on `engine`, with `mem_mib` MiB of memory each and the default policy.
+pub fn two_guests(engine: &Engine, mem_mib: u64) -> (FakeGuest, FakeGuest) {
+    (
+        FakeGuest::new(engine, 1, mem_mib),
+        FakeGuest::new(engine, 2, mem_mib),
+    )
+}
+
 /// Guests 1 and 2 (8 MiB each) with one default channel each, as `(ga, gb, a, b)`: channel `a` on
 /// guest 1's endpoint 1, channel `b` on guest 2's endpoint 2.
 pub fn guest_pair(engine: &Engine) -> (FakeGuest, FakeGuest, Channel, Channel) {
-    let mut ga = FakeGuest::new(engine, 1, 8);
-    let mut gb = FakeGuest::new(engine, 2, 8);
+    let (mut ga, mut gb) = two_guests(engine, 8);
     let a = ga.open(1);
     let b = gb.open(2);
     (ga, gb, a, b)
@@ -292,6 +299,19 @@ pub fn send_user_while_room(
         *sent += 1;
     }
     ch.flush().unwrap();
+}
+
+/// Sends an 8-byte DMA-data message from the start of `ch`'s data area to `dest`, which has no
+/// buffer posted, and waits (up to 10 s, else panics) until the engine holds it for one.
+pub fn send_dma_held(engine: &Engine, ch: &mut Channel, dest: ChannelAddr, cookie: u64) {
+    let offset = ch.layout().data_offset;
+    send_dma_flushed(ch, dest, cookie, offset, 8);
+    let id = ChannelId(ch.id());
+    wait_until(Duration::from_secs(10), || {
+        engine
+            .channel_stats(id)
+            .is_some_and(|s| s.backpressure_holds > 0)
+    });
 }
 
 /// Polls `ch` until `n` messages arrived or `timeout` passes (adaptive wait on the guest's waker).

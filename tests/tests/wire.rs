@@ -7,14 +7,29 @@ use std::time::{Duration, Instant};
 
 use svnic_backend::admin::UplinkWorkerView;
 use svnic_channels::frame::{BundleEntry, BundleFrame, Frame, FrameBody};
-use svnic_channels::{ChannelAddr, CompletionStatus, DataRef, MacAddr, Message};
+use svnic_channels::{
+    ChannelAddr, Completion, CompletionStatus, DataRef, DmaData, MacAddr, Message,
+};
 use svnic_client::{Channel, Completions};
+use svnic_host_frontend::host_guest::ChannelWaiter;
 use svnic_host_frontend::HostGuest;
 use svnic_tests::polite_pair::{assert_round_trip, PolitePair};
 use svnic_tests::wire_fixture::{two_hosts, UplinkCount, WireHosts, WireOptions};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 const MEMORY: u64 = 64 << 20;
+
+/// [`two_hosts`] with the default options changed by `tweak` first.
+fn two_hosts_with(tag: &str, tweak: impl FnOnce(&mut WireOptions)) -> Option<WireHosts> {
+    let mut opts = WireOptions::default();
+    tweak(&mut opts);
+    two_hosts(tag, &opts)
+}
+
+/// Owned copies of `args`, for [`WireOptions::extra_args`].
+fn args(args: &[&str]) -> Vec<String> {
+    args.iter().map(|a| a.to_string()).collect()
+}
 
 fn guest(hosts: &WireHosts, host: usize, i: usize) -> HostGuest {
     let s = hosts.hosts[host].socket(i);
@@ -46,6 +61,39 @@ fn receive_until(g: &HostGuest, ch: &mut Channel, what: &str, mut f: impl FnMut(
         }
     }
     panic!("{what}: not done within {TIMEOUT:?}");
+}
+
+/// The next `n` messages of `ch`, each turned into a `T` by `pick` (which panics on a message it
+/// does not expect); panics if they do not all come within `TIMEOUT`.
+fn receive_n<T>(
+    g: &HostGuest,
+    ch: &mut Channel,
+    what: &str,
+    n: usize,
+    mut pick: impl FnMut(Message) -> T,
+) -> Vec<T> {
+    let mut got = Vec::with_capacity(n);
+    receive_until(g, ch, what, |m| {
+        got.push(pick(m));
+        got.len() == n
+    });
+    got
+}
+
+/// The DMA-data message `m`; panics on any other.
+fn dma_data(m: Message) -> DmaData {
+    match m {
+        Message::DmaData(d) => d,
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+/// The completion `m`; panics on any other message.
+fn completion(m: Message) -> Completion {
+    match m {
+        Message::Completion(c) => c,
+        other => panic!("unexpected {other:?}"),
+    }
 }
 
 /// The uplink counters of `host`'s workers once `done` holds of them (or after 10 s).
@@ -126,14 +174,7 @@ fn dma_data_of_one_mib_crosses_hosts_intact_and_in_order() {
     }
     cb.flush().unwrap();
     ca.flush().unwrap();
-    let mut got = Vec::new();
-    receive_until(&gb, &mut cb, "8 DMA-data messages", |m| match m {
-        Message::DmaData(d) => {
-            got.push(d);
-            got.len() == sizes.len()
-        }
-        other => panic!("unexpected {other:?}"),
-    });
+    let got = receive_n(&gb, &mut cb, "8 DMA-data messages", sizes.len(), dma_data);
     for (i, (d, (post, data))) in got.iter().zip(&sent).enumerate() {
         assert_eq!(
             (d.peer, d.cookie, d.data.offset, d.data.len),
@@ -149,14 +190,7 @@ fn dma_data_of_one_mib_crosses_hosts_intact_and_in_order() {
             data.len()
         );
     }
-    let mut done = Vec::new();
-    receive_until(&ga, &mut ca, "8 completions", |m| match m {
-        Message::Completion(c) => {
-            done.push(c);
-            done.len() == sizes.len()
-        }
-        other => panic!("unexpected {other:?}"),
-    });
+    let done = receive_n(&ga, &mut ca, "8 completions", sizes.len(), completion);
     for (i, c) in done.iter().enumerate() {
         assert_eq!(
             (c.cookie, c.status, c.len, c.peer),
@@ -164,6 +198,22 @@ fn dma_data_of_one_mib_crosses_hosts_intact_and_in_order() {
             "completion {i}"
         );
     }
+}
+
+/// Polls `ch` once (waiting up to `wait` on `waiter`) and adds the status of every completion
+/// among the messages to `statuses`.
+fn poll_statuses(
+    ch: &mut Channel,
+    waiter: &ChannelWaiter,
+    wait: Duration,
+    statuses: &mut Vec<CompletionStatus>,
+) {
+    let mut out = Vec::new();
+    ch.wait_poll(&mut out, 64, wait, waiter).unwrap();
+    statuses.extend(out.iter().filter_map(|m| match m {
+        Message::Completion(c) => Some(c.status),
+        _ => None,
+    }));
 }
 
 /// Sends `n` user-data messages numbered 0..n from `ch` to `to` (retrying while the TX ring is
@@ -176,7 +226,6 @@ fn send_numbered(
     errors: &mut Vec<CompletionStatus>,
 ) {
     let waiter = g.waiter(ch);
-    let mut out = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut i = 0;
     while i < n {
@@ -189,13 +238,7 @@ fn send_numbered(
             continue;
         }
         ch.flush().unwrap();
-        out.clear();
-        ch.wait_poll(&mut out, 64, Duration::from_millis(1), &waiter)
-            .unwrap();
-        errors.extend(out.iter().filter_map(|m| match m {
-            Message::Completion(c) => Some(c.status),
-            _ => None,
-        }));
+        poll_statuses(ch, &waiter, Duration::from_millis(1), errors);
     }
     ch.flush().unwrap();
 }
@@ -220,14 +263,12 @@ fn receive_numbered(g: &HostGuest, ch: &mut Channel, from: ChannelAddr, n: u64) 
 
 #[test]
 fn with_loss_duplication_and_reordering_every_message_arrives_once_in_order() {
-    let opts = WireOptions {
-        extra_args: vec![
-            "--uplink-fault".into(),
-            "drop=0.05,duplicate=0.05,reorder=0.05,seed=7".into(),
-        ],
-        ..WireOptions::default()
-    };
-    let Some(hosts) = two_hosts("wire-lossy", &opts) else {
+    let Some(hosts) = two_hosts_with("wire-lossy", |o| {
+        o.extra_args = args(&[
+            "--uplink-fault",
+            "drop=0.05,duplicate=0.05,reorder=0.05,seed=7",
+        ])
+    }) else {
         return;
     };
     let (ga, gb) = (guest(&hosts, 0, 0), guest(&hosts, 1, 0));
@@ -265,26 +306,13 @@ fn with_loss_duplication_and_reordering_every_message_arrives_once_in_order() {
             )
             .unwrap());
         ca.flush().unwrap();
-        let mut got = None;
-        receive_until(&gb, &mut cb, &format!("DMA {i}"), |m| match m {
-            Message::DmaData(d) => {
-                got = Some(d);
-                true
-            }
-            other => panic!("unexpected {other:?}"),
-        });
-        let d = got.unwrap();
+        let d = receive_n(&gb, &mut cb, &format!("DMA {i}"), 1, dma_data)[0];
         assert_eq!((d.cookie, d.data.len), (i, 65_536));
         let mut back = vec![0u8; 65_536];
         cb.read_data(d.data.offset, &mut back).unwrap();
         assert!(back == data, "DMA {i}: data differs");
-        receive_until(&ga, &mut ca, &format!("completion {i}"), |m| match m {
-            Message::Completion(c) => {
-                assert_eq!((c.cookie, c.status), (1000 + i, CompletionStatus::Ok));
-                true
-            }
-            other => panic!("unexpected {other:?}"),
-        });
+        let c = receive_n(&ga, &mut ca, &format!("completion {i}"), 1, completion)[0];
+        assert_eq!((c.cookie, c.status), (1000 + i, CompletionStatus::Ok));
     }
     // The faults were real, and the protocol repaired them.
     let w = &uplink_until(&hosts.hosts[0], |w| w[0].get("fault.dropped") > 0)[0];
@@ -307,11 +335,9 @@ fn with_loss_duplication_and_reordering_every_message_arrives_once_in_order() {
 
 #[test]
 fn a_killed_peer_engine_fails_its_senders_in_time_and_a_restarted_one_takes_traffic() {
-    let opts = WireOptions {
-        extra_args: vec!["--uplink-peer-timeout-ms".into(), "500".into()],
-        ..WireOptions::default()
-    };
-    let Some(mut hosts) = two_hosts("wire-kill", &opts) else {
+    let Some(mut hosts) = two_hosts_with("wire-kill", |o| {
+        o.extra_args = args(&["--uplink-peer-timeout-ms", "500"])
+    }) else {
         return;
     };
     let ga = guest(&hosts, 0, 0);
@@ -332,15 +358,8 @@ fn a_killed_peer_engine_fails_its_senders_in_time_and_a_restarted_one_takes_traf
     let mut errors = Vec::new();
     send_numbered(&ga, &mut ca, to_b, 300, &mut errors);
     let waiter = ga.waiter(&ca);
-    let mut out = Vec::new();
     while errors.len() < 300 && t0.elapsed() < Duration::from_secs(20) {
-        out.clear();
-        ca.wait_poll(&mut out, 64, Duration::from_millis(50), &waiter)
-            .unwrap();
-        errors.extend(out.iter().filter_map(|m| match m {
-            Message::Completion(c) => Some(c.status),
-            _ => None,
-        }));
+        poll_statuses(&mut ca, &waiter, Duration::from_millis(50), &mut errors);
     }
     let took = t0.elapsed();
     assert_eq!(errors.len(), 300, "every message completes: {errors:?}");
@@ -434,11 +453,7 @@ fn garbage(state: &mut u64) -> Vec<u8> {
 
 #[test]
 fn spoofed_and_garbage_frames_from_the_wire_are_dropped_and_counted_and_local_traffic_flows() {
-    let opts = WireOptions {
-        guests: 2,
-        ..WireOptions::default()
-    };
-    let Some(hosts) = two_hosts("wire-hostile", &opts) else {
+    let Some(hosts) = two_hosts_with("wire-hostile", |o| o.guests = 2) else {
         return;
     };
     use svnic_backend::uplink::packet::{PacketConfig, PacketSocket};
@@ -537,11 +552,7 @@ fn spoofed_and_garbage_frames_from_the_wire_are_dropped_and_counted_and_local_tr
 
 #[test]
 fn every_frame_of_an_endpoint_is_handled_by_the_worker_serving_its_channel() {
-    let opts = WireOptions {
-        workers: 2,
-        ..WireOptions::default()
-    };
-    let Some(hosts) = two_hosts("wire-steer", &opts) else {
+    let Some(hosts) = two_hosts_with("wire-steer", |o| o.workers = 2) else {
         return;
     };
     let (ga, gb) = (guest(&hosts, 0, 0), guest(&hosts, 1, 0));
@@ -579,17 +590,10 @@ fn every_frame_of_an_endpoint_is_handled_by_the_worker_serving_its_channel() {
                 sender.flush().unwrap();
             }
             for (k, sender) in senders.iter_mut().enumerate() {
-                let mut ok = 0;
-                receive_until(ga, sender, &format!("completions of sender {k}"), |m| {
-                    match m {
-                        Message::Completion(c) => {
-                            assert_eq!(c.status, CompletionStatus::Ok, "{c:?}");
-                            ok += 1;
-                        }
-                        other => panic!("{other:?}"),
-                    }
-                    ok == 2 * K
-                });
+                let what = format!("completions of sender {k}");
+                for c in receive_n(ga, sender, &what, 2 * K as usize, completion) {
+                    assert_eq!(c.status, CompletionStatus::Ok, "{c:?}");
+                }
             }
         });
         for (i, r) in receivers.iter_mut().enumerate() {

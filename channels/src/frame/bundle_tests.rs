@@ -1,5 +1,6 @@
 //! Tests of bundle frames: layout, round trip and refusals.
 
+use super::tests::{body_at, u16_at, u32_at, u64_at};
 use super::*;
 use proptest::prelude::*;
 
@@ -48,20 +49,16 @@ fn a_bundle_has_the_documented_bytes_and_round_trips() {
     let b = f.encode().unwrap();
     assert_eq!(b.len(), BODY_OFFSET + BUNDLE_HEADER_LEN + e.len());
     assert_eq!(b[15], 7);
-    let at = |i: usize| BODY_OFFSET + i;
-    assert_eq!(&b[at(0)..at(4)], &2u32.to_le_bytes());
-    assert_eq!(
-        &b[DST_ENDPOINT_OFFSET..DST_ENDPOINT_OFFSET + 4],
-        &1u32.to_le_bytes()
-    );
-    assert_eq!(&b[at(8)..at(12)], &0x5e55u32.to_le_bytes());
-    assert_eq!(&b[at(12)..at(16)], &41u32.to_le_bytes());
-    assert_eq!(&b[at(16)..at(20)], &u32::MAX.to_le_bytes());
-    assert_eq!(&b[at(20)..at(22)], &3u16.to_le_bytes());
-    assert_eq!(&b[at(22)..at(24)], &[0, 0]);
-    assert_eq!(&b[at(24)..at(32)], &0xc0ffeeu64.to_le_bytes());
-    assert_eq!(&b[at(32)..at(34)], &[0, 5]);
-    assert_eq!(&b[at(34)..at(39)], b"hello");
+    assert_eq!(u32_at(&b, body_at(0)), 2);
+    assert_eq!(u32_at(&b, DST_ENDPOINT_OFFSET), 1);
+    assert_eq!(u32_at(&b, body_at(8)), 0x5e55);
+    assert_eq!(u32_at(&b, body_at(12)), 41);
+    assert_eq!(u32_at(&b, body_at(16)), u32::MAX);
+    assert_eq!(u16_at(&b, body_at(20)), 3);
+    assert_eq!(&b[body_at(22)..body_at(24)], &[0, 0]);
+    assert_eq!(u64_at(&b, body_at(24)), 0xc0ffee);
+    assert_eq!(&b[body_at(32)..body_at(34)], &[0, 5]);
+    assert_eq!(&b[body_at(34)..body_at(39)], b"hello");
     let d = Frame::decode(&b).unwrap();
     assert_eq!(d, f);
     let FrameBody::Bundle(got) = d.body else {

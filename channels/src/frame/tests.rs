@@ -77,8 +77,23 @@ fn enc(f: &Frame<'_>) -> Vec<u8> {
 }
 
 /// Byte `i` of the body of an encoded frame.
-fn body_at(i: usize) -> usize {
+pub(super) fn body_at(i: usize) -> usize {
     BODY_OFFSET + i
+}
+
+/// The little-endian u16 field at byte `at` of the encoded frame `b`.
+pub(super) fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes(b[at..at + 2].try_into().unwrap())
+}
+
+/// The little-endian u32 field at byte `at` of the encoded frame `b`.
+pub(super) fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+/// The little-endian u64 field at byte `at` of the encoded frame `b`.
+pub(super) fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
 }
 
 /// Decodes the frame `b` with its body bytes from `i` on replaced by `bytes`.
@@ -98,13 +113,13 @@ fn encodings_have_the_documented_bytes() {
     assert_eq!(&b[6..12], &GUEST.0);
     assert_eq!(&b[12..14], &[0x88, 0xb5]);
     assert_eq!(&b[14..18], &[1, 1, 0, 0]);
-    assert_eq!(&b[18..22], &7u32.to_le_bytes());
+    assert_eq!(u32_at(&b, 18), 7);
     assert_eq!(b[22], 1);
     assert_eq!(&b[24..30], &GUEST.0);
-    assert_eq!(&b[30..34], &3u32.to_le_bytes());
-    assert_eq!(&b[34..38], &256u32.to_le_bytes());
-    assert_eq!(&b[42..50], &0x4000_0000u64.to_le_bytes());
-    assert_eq!(&b[50..58], &(2u64 << 20).to_le_bytes());
+    assert_eq!(u32_at(&b, 30), 3);
+    assert_eq!(u32_at(&b, 34), 256);
+    assert_eq!(u64_at(&b, 42), 0x4000_0000);
+    assert_eq!(u64_at(&b, 50), 2 << 20);
     assert_eq!(&b[58..60], &[0, 0]);
 
     let b = enc(&frame(response(ControlStatus::Success {
@@ -113,29 +128,26 @@ fn encodings_have_the_documented_bytes() {
     })));
     assert_eq!(b[15], 2);
     assert_eq!(b[22], 2);
-    assert_eq!(&b[26..30], &5u32.to_le_bytes());
-    assert_eq!(&b[30..34], &2u32.to_le_bytes());
+    assert_eq!(u32_at(&b, 26), 5);
+    assert_eq!(u32_at(&b, 30), 2);
     assert_eq!(&b[34..38], &(-1i32).to_le_bytes());
 
     let payload = [0xab; 100];
     let b = enc(&frame(FrameBody::Data(data(&payload))));
     assert_eq!(b.len(), BODY_OFFSET + DATA_HEADER_LEN + 100);
     assert_eq!(b[15], 3);
-    assert_eq!(&b[body_at(0)..body_at(4)], &1u32.to_le_bytes());
-    assert_eq!(&b[body_at(4)..body_at(8)], &2u32.to_le_bytes());
-    assert_eq!(
-        &b[DST_ENDPOINT_OFFSET..DST_ENDPOINT_OFFSET + 4],
-        &2u32.to_le_bytes()
-    );
-    assert_eq!(&b[body_at(8)..body_at(12)], &0x5e55u32.to_le_bytes());
-    assert_eq!(&b[body_at(12)..body_at(16)], &41u32.to_le_bytes());
-    assert_eq!(&b[body_at(16)..body_at(20)], &99u32.to_le_bytes());
-    assert_eq!(&b[body_at(20)..body_at(24)], &110u32.to_le_bytes());
-    assert_eq!(&b[body_at(24)..body_at(28)], &10u32.to_le_bytes());
-    assert_eq!(&b[body_at(28)..body_at(30)], &100u16.to_le_bytes());
+    assert_eq!(u32_at(&b, body_at(0)), 1);
+    assert_eq!(u32_at(&b, body_at(4)), 2);
+    assert_eq!(u32_at(&b, DST_ENDPOINT_OFFSET), 2);
+    assert_eq!(u32_at(&b, body_at(8)), 0x5e55);
+    assert_eq!(u32_at(&b, body_at(12)), 41);
+    assert_eq!(u32_at(&b, body_at(16)), 99);
+    assert_eq!(u32_at(&b, body_at(20)), 110);
+    assert_eq!(u32_at(&b, body_at(24)), 10);
+    assert_eq!(u16_at(&b, body_at(28)), 100);
     assert_eq!(b[body_at(30)], 2);
     assert_eq!(b[body_at(31)], 0);
-    assert_eq!(&b[body_at(32)..body_at(40)], &0xc0ffeeu64.to_le_bytes());
+    assert_eq!(u64_at(&b, body_at(32)), 0xc0ffee);
     assert_eq!(&b[body_at(40)..], &payload);
 
     let b = enc(&frame(ack(AckKind::Reject {
@@ -145,25 +157,22 @@ fn encodings_have_the_documented_bytes() {
     })));
     assert_eq!(b.len(), MIN_FRAME_LEN);
     assert_eq!(b[15], 6);
-    assert_eq!(&b[body_at(0)..body_at(4)], &2u32.to_le_bytes());
-    assert_eq!(
-        &b[DST_ENDPOINT_OFFSET..DST_ENDPOINT_OFFSET + 4],
-        &1u32.to_le_bytes()
-    );
-    assert_eq!(&b[body_at(8)..body_at(12)], &0x5e55u32.to_le_bytes());
+    assert_eq!(u32_at(&b, body_at(0)), 2);
+    assert_eq!(u32_at(&b, DST_ENDPOINT_OFFSET), 1);
+    assert_eq!(u32_at(&b, body_at(8)), 0x5e55);
     assert_eq!(&b[body_at(12)..body_at(16)], &[4, 3, 2, 1]);
-    assert_eq!(&b[body_at(16)..body_at(20)], &77u32.to_le_bytes());
-    assert_eq!(&b[body_at(20)..body_at(22)], &3u16.to_le_bytes());
+    assert_eq!(u32_at(&b, body_at(16)), 77);
+    assert_eq!(u16_at(&b, body_at(20)), 3);
     assert_eq!(&b[body_at(22)..body_at(24)], &[0, 0]);
     assert!(b[body_at(24)..].iter().all(|x| *x == 0));
     let b = enc(&frame(ack(AckKind::Reset)));
     assert_eq!(&b[body_at(12)..body_at(22)], &[0; 10]);
     assert_eq!(&b[body_at(22)..body_at(24)], &[1, 0]);
     let b = enc(&frame(ack(AckKind::Cumulative { ack: 9 })));
-    assert_eq!(&b[body_at(12)..body_at(16)], &9u32.to_le_bytes());
+    assert_eq!(u32_at(&b, body_at(12)), 9);
     assert_eq!(&b[body_at(16)..body_at(24)], &[0; 8]);
     let b = enc(&frame(ack(AckKind::Blocked { ack: 9 })));
-    assert_eq!(&b[body_at(12)..body_at(16)], &9u32.to_le_bytes());
+    assert_eq!(u32_at(&b, body_at(12)), 9);
     assert_eq!(&b[body_at(16)..body_at(22)], &[0; 6]);
     assert_eq!(&b[body_at(22)..body_at(24)], &[2, 0]);
 

@@ -54,8 +54,16 @@ struct Fixture {
     ports: Vec<Arc<SwitchPort>>,
 }
 
-/// `n` ports, ids 1..=n, MACs 52:54:00:00:00:<id>, all up.
-fn fixture(n: u8, config: SwitchConfig) -> Fixture {
+/// `n` ports, ids 1..=n, MACs 52:54:00:00:00:<id>, all up, on a switch of the default
+/// configuration.
+fn fixture(n: u8) -> Fixture {
+    fixture_with(n, |_| {})
+}
+
+/// As [`fixture`], with the switch's configuration changed by `tweak` first.
+fn fixture_with(n: u8, tweak: impl FnOnce(&mut SwitchConfig)) -> Fixture {
+    let mut config = SwitchConfig::default();
+    tweak(&mut config);
     let events = Arc::new(Recorder::default());
     let switch = Switch::new(events.clone(), config);
     let ports = (1..=n)
@@ -89,11 +97,21 @@ impl Fixture {
         })
         .collect()
     }
+
+    /// How many times `port`'s wake eventfd was signalled since it was last read (reading it
+    /// resets it).
+    fn wakes(&self, port: usize) -> u64 {
+        let mut buf = [0u8; 8];
+        // SAFETY: reading 8 bytes into an 8-byte stack buffer from an eventfd we own.
+        let n = unsafe { libc::read(self.ports[port].wake_fd(), buf.as_mut_ptr().cast(), 8) };
+        assert_eq!(n, 8, "an eventfd reads as 8 bytes once signalled");
+        u64::from_ne_bytes(buf)
+    }
 }
 
 #[test]
 fn unicast_reaches_only_the_owner_intact() {
-    let fx = fixture(3, SwitchConfig::default());
+    let fx = fixture(3);
     let frame = eth(mac(2), mac(1), 0x0800, b"hello port two");
     fx.send(0, &frame);
     assert_eq!(fx.received(1), vec![frame.clone()]);
@@ -109,7 +127,7 @@ fn unicast_reaches_only_the_owner_intact() {
 
 #[test]
 fn broadcast_and_multicast_reach_every_other_up_port() {
-    let fx = fixture(4, SwitchConfig::default());
+    let fx = fixture(4);
     fx.ports[3].set_up(false);
     let bcast = eth(MacAddr::BROADCAST, mac(1), 0x0806, b"who has");
     let mcast = eth(MacAddr([0x33, 0x33, 0, 0, 0, 1]), mac(1), 0x86dd, b"v6");
@@ -129,7 +147,7 @@ fn broadcast_and_multicast_reach_every_other_up_port() {
 
 #[test]
 fn spoofed_source_is_dropped_and_counted() {
-    let fx = fixture(2, SwitchConfig::default());
+    let fx = fixture(2);
     fx.send(0, &eth(mac(2), mac(9), 0x0800, b"not mine"));
     fx.send(0, &eth(MacAddr::BROADCAST, mac(2), 0x0800, b"steals 2"));
     assert!(fx.received(1).is_empty());
@@ -138,7 +156,7 @@ fn spoofed_source_is_dropped_and_counted() {
 
 #[test]
 fn svnic_frames_go_to_the_engine_never_to_ports_even_behind_vlan_tags() {
-    let fx = fixture(2, SwitchConfig::default());
+    let fx = fixture(2);
     let direct = eth(mac(2), mac(9), ETHERTYPE, &[1, 1, 0, 0]);
     let mut tagged = eth(MacAddr::BROADCAST, mac(1), 0x8100, &[0, 5]);
     tagged.extend_from_slice(&ETHERTYPE.to_be_bytes());
@@ -159,7 +177,7 @@ fn svnic_frames_go_to_the_engine_never_to_ports_even_behind_vlan_tags() {
 
 #[test]
 fn unknown_unicast_looped_and_malformed_are_counted() {
-    let fx = fixture(2, SwitchConfig::default());
+    let fx = fixture(2);
     fx.send(0, &eth(mac(7), mac(1), 0x0800, b"nobody"));
     fx.send(0, &eth(mac(1), mac(1), 0x0800, b"myself"));
     fx.send(0, &[0xff; 13]);
@@ -170,7 +188,7 @@ fn unknown_unicast_looped_and_malformed_are_counted() {
 
 #[test]
 fn uplink_takes_unknown_unicast_and_broadcast() {
-    let fx = fixture(2, SwitchConfig::default());
+    let fx = fixture(2);
     let uplink = Arc::new(RecordingUplink::default());
     fx.switch.set_uplink(Some(uplink.clone()));
     let unknown = eth(mac(7), mac(1), 0x0800, b"far away");
@@ -188,14 +206,10 @@ fn uplink_takes_unknown_unicast_and_broadcast() {
 
 #[test]
 fn rx_queue_is_bounded_and_overflow_counted() {
-    let fx = fixture(
-        2,
-        SwitchConfig {
-            rx_queue_frames: 3,
-            pooled_buffers: 8,
-            ..SwitchConfig::default()
-        },
-    );
+    let fx = fixture_with(2, |c| {
+        c.rx_queue_frames = 3;
+        c.pooled_buffers = 8;
+    });
     for i in 0..5u8 {
         fx.send(0, &eth(mac(2), mac(1), 0x0800, &[i]));
     }
@@ -207,7 +221,7 @@ fn rx_queue_is_bounded_and_overflow_counted() {
 
 #[test]
 fn inject_queues_for_an_up_port_and_refuses_otherwise() {
-    let fx = fixture(2, SwitchConfig::default());
+    let fx = fixture(2);
     let resp = eth(mac(1), MacAddr::ENGINE, ETHERTYPE, &[1, 2, 0, 0]);
     assert!(fx.switch.inject(GuestId(1), &resp));
     assert_eq!(fx.received(0), vec![resp.clone()]);
@@ -220,24 +234,16 @@ fn inject_queues_for_an_up_port_and_refuses_otherwise() {
 
 #[test]
 fn wake_fd_fires_when_the_queue_becomes_non_empty() {
-    let fx = fixture(2, SwitchConfig::default());
+    let fx = fixture(2);
     let frame = eth(mac(2), mac(1), 0x0800, b"x");
     fx.send(0, &frame);
     fx.send(0, &frame);
-    let mut buf = [0u8; 8];
-    // SAFETY: reading 8 bytes into an 8-byte stack buffer from an eventfd we own.
-    let n = unsafe { libc::read(fx.ports[1].wake_fd(), buf.as_mut_ptr().cast(), 8) };
-    assert_eq!(n, 8);
-    assert_eq!(
-        u64::from_ne_bytes(buf),
-        1,
-        "one wake per batch, not per frame"
-    );
+    assert_eq!(fx.wakes(1), 1, "one wake per batch, not per frame");
 }
 
 #[test]
 fn going_down_discards_the_queue() {
-    let fx = fixture(2, SwitchConfig::default());
+    let fx = fixture(2);
     fx.send(0, &eth(mac(2), mac(1), 0x0800, b"x"));
     fx.ports[1].set_up(false);
     fx.ports[1].set_up(true);
@@ -247,7 +253,7 @@ fn going_down_discards_the_queue() {
 
 #[test]
 fn add_port_rejects_bad_mac_sets() {
-    let fx = fixture(1, SwitchConfig::default());
+    let fx = fixture(1);
     let s = &fx.switch;
     assert!(matches!(
         s.add_port(GuestId(1), &[mac(5)]),
@@ -302,13 +308,7 @@ fn response(to: u8, request_id: u32) -> Vec<u8> {
 
 #[test]
 fn engine_frames_get_past_a_flooded_rx_queue_and_are_delivered_first() {
-    let fx = fixture(
-        2,
-        SwitchConfig {
-            rx_queue_frames: 8,
-            ..SwitchConfig::default()
-        },
-    );
+    let fx = fixture_with(2, |c| c.rx_queue_frames = 8);
     let flood = |n: u8| {
         for i in 0..n {
             fx.send(0, &eth(MacAddr::BROADCAST, mac(1), 0x0800, &[i]));
@@ -336,7 +336,7 @@ fn engine_frames_get_past_a_flooded_rx_queue_and_are_delivered_first() {
 
 #[test]
 fn a_wake_for_a_channel_with_one_waiting_is_coalesced() {
-    let fx = fixture(2, SwitchConfig::default());
+    let fx = fixture(2);
     let inject = |f: &[u8]| assert!(fx.switch.inject(GuestId(2), f));
     let resp = response(2, 1);
     inject(&resp);
@@ -361,29 +361,20 @@ fn a_wake_for_a_channel_with_one_waiting_is_coalesced() {
 
 #[test]
 fn a_full_engine_queue_refuses_and_counts_and_wakes_the_worker_once() {
-    let fx = fixture(
-        2,
-        SwitchConfig {
-            engine_queue_frames: 2,
-            ..SwitchConfig::default()
-        },
-    );
+    let fx = fixture_with(2, |c| c.engine_queue_frames = 2);
     assert!(fx.switch.inject(GuestId(2), &response(2, 1)));
     assert!(fx.switch.inject(GuestId(2), &response(2, 2)));
     assert!(!fx.switch.inject(GuestId(2), &response(2, 3)));
     let s = fx.ports[1].stats();
     assert_eq!((s.engine_queued, s.drops.engine_queue_full), (2, 1));
     assert_eq!(s.drops.total(), 1);
-    let mut buf = [0u8; 8];
-    // SAFETY: reading 8 bytes into an 8-byte stack buffer from an eventfd we own.
-    let n = unsafe { libc::read(fx.ports[1].wake_fd(), buf.as_mut_ptr().cast(), 8) };
-    assert_eq!((n, u64::from_ne_bytes(buf)), (8, 1));
+    assert_eq!(fx.wakes(1), 1, "the worker is woken once");
     assert_eq!(fx.received(1), [response(2, 1), response(2, 2)]);
 }
 
 #[test]
 fn frames_from_the_uplink_reach_local_guests_only_and_never_as_a_local_guest() {
-    let fx = fixture(3, SwitchConfig::default());
+    let fx = fixture(3);
     fx.ports[2].set_up(false);
     let remote = MacAddr([0x52, 0x54, 0, 0, 1, 9]);
     let unicast = eth(mac(2), remote, 0x0800, b"from another host");

@@ -107,11 +107,14 @@ impl Link {
     }
 }
 
-/// What the receiving engine does with a frame it could place: `None` places it, `Some(s)`
-/// reports it blocked with `s`.
-type Policy = Box<dyn Fn(u64, bool, bool, Instant) -> Option<CompletionStatus>>;
+/// What the receiving engine does with a frame it could place, given the frame's cookie, whether
+/// it is the message's first and last frame, and the time since the simulation began: `None`
+/// places it, `Some(s)` reports it blocked with `s`.
+type Policy = Box<dyn Fn(u64, bool, bool, Duration) -> Option<CompletionStatus>>;
 
 struct Receiver {
+    /// When the simulation began.
+    t0: Instant,
     table: RecvTable<Vec<u8>>,
     delivered: Vec<(u64, Vec<u8>)>,
     /// Placements given back by rejects and abandonment.
@@ -122,8 +125,9 @@ struct Receiver {
 }
 
 impl Receiver {
-    fn new(cfg: ReliableConfig) -> Receiver {
+    fn new(cfg: ReliableConfig, t0: Instant) -> Receiver {
         Receiver {
+            t0,
             table: RecvTable::new(cfg),
             delivered: Vec::new(),
             undone: 0,
@@ -154,7 +158,7 @@ impl Receiver {
         }
         match self.table.on_frame(B_CH, A_ADDR, &h, now) {
             Verdict::Process { first, last } => {
-                if let Some(status) = (self.policy)(h.cookie, first, last, now) {
+                if let Some(status) = (self.policy)(h.cookie, first, last, now - self.t0) {
                     if let Blocked::Rejected(p) = self.table.blocked(B_CH, A_ADDR, now, status) {
                         self.undone += usize::from(p.is_some());
                         assert_eq!(p.is_some(), !first, "earlier frames' placement comes back");
@@ -196,7 +200,7 @@ impl Receiver {
         match self.table.on_bundle(B_CH, A_ADDR, &h, now) {
             BundleVerdict::Process { skip } => {
                 for (_, e) in b.entries().skip(usize::from(skip)) {
-                    if let Some(status) = (self.policy)(e.cookie, true, true, now) {
+                    if let Some(status) = (self.policy)(e.cookie, true, true, now - self.t0) {
                         if let Blocked::Rejected(p) = self.table.blocked(B_CH, A_ADDR, now, status)
                         {
                             assert!(p.is_none(), "a whole message has no earlier placement");
@@ -335,7 +339,7 @@ impl Sim {
             t0,
             now: t0,
             sender: SendTable::new(cfg, seed as u32 ^ 0x5e55_0000),
-            receiver: Receiver::new(cfg),
+            receiver: Receiver::new(cfg, t0),
             ab: Link::new(faults, seed.wrapping_mul(2) + 1),
             ba: Link::new(faults, seed.wrapping_mul(2) + 2),
             to_offer: VecDeque::new(),
@@ -493,6 +497,11 @@ impl Sim {
     fn status(&self, index: usize) -> Option<CompletionStatus> {
         self.completed.iter().find(|c| c.0 == index).map(|c| c.1)
     }
+
+    /// Whether every completion so far is `Ok`.
+    fn all_ok(&self) -> bool {
+        self.completed.iter().all(|c| c.1 == CompletionStatus::Ok)
+    }
 }
 
 fn sizes(seed: u64, n: usize) -> Vec<usize> {
@@ -513,7 +522,7 @@ fn lossy_links_deliver_every_message_exactly_once_in_order() {
         sim.run(Duration::from_secs(60));
         sim.check();
         assert!(
-            sim.completed.iter().all(|c| c.1 == CompletionStatus::Ok),
+            sim.all_ok(),
             "seed {seed}: 5% faults must not fail a message: {:?}",
             sim.completed
                 .iter()
@@ -557,19 +566,13 @@ fn a_receiver_blocked_past_the_wait_rejects_and_later_messages_follow() {
     };
     for faults in [FaultInjection::default(), LOSSY] {
         let mut sim = Sim::with_messages(cfg, faults, 3, [100, 5000, 3000, 20, 4000, 9000, 50]);
-        let t0 = sim.t0;
         // Message 2 finds no buffer for 100 ms; message 4 for 3 ms only; message 5's last
         // frame finds the RX ring full for good.
-        sim.receiver.policy = Box::new(move |cookie, first, last, now| {
-            let since = now - t0;
-            match cookie {
-                2 if first && since < Duration::from_millis(100) => {
-                    Some(CompletionStatus::NoBuffer)
-                }
-                4 if first && since < Duration::from_millis(3) => Some(CompletionStatus::NoBuffer),
-                5 if last => Some(CompletionStatus::RingFull),
-                _ => None,
-            }
+        sim.receiver.policy = Box::new(|cookie, first, last, since| match cookie {
+            2 if first && since < Duration::from_millis(100) => Some(CompletionStatus::NoBuffer),
+            4 if first && since < Duration::from_millis(3) => Some(CompletionStatus::NoBuffer),
+            5 if last => Some(CompletionStatus::RingFull),
+            _ => None,
         });
         sim.run(Duration::from_secs(30));
         sim.check();
@@ -660,7 +663,7 @@ fn a_restarted_receiver_resets_in_flight_messages_and_takes_new_ones() {
                     return;
                 }
                 let before = std::mem::take(&mut sim.receiver.delivered);
-                sim.receiver = Receiver::new(cfg);
+                sim.receiver = Receiver::new(cfg, sim.t0);
                 sim.receiver.delivered = before;
                 r.set(Some(sim.offered));
                 for _ in 0..6 {
@@ -1290,10 +1293,7 @@ fn small_messages_share_frames_and_survive_lossy_links() {
         }
         sim.run(Duration::from_secs(60));
         sim.check();
-        assert!(
-            sim.completed.iter().all(|c| c.1 == CompletionStatus::Ok),
-            "seed {seed}"
-        );
+        assert!(sim.all_ok(), "seed {seed}");
         let s = sim.sender.counters();
         let r = sim.receiver.table.counters();
         assert_eq!(r.messages_delivered, 400, "seed {seed}");
@@ -1312,18 +1312,14 @@ fn small_messages_share_frames_and_survive_lossy_links() {
 fn a_bundle_blocked_part_way_goes_on_after_its_placed_entries() {
     for faults in [FaultInjection::default(), LOSSY] {
         let mut sim = bundled(faults, 5, 30, 20);
-        let t0 = sim.t0;
         // The RX ring is full when message 10 arrives, for 300 us (within the wait).
-        sim.receiver.policy = Box::new(move |cookie, _, _, now| {
-            (cookie == 10 && now - t0 < Duration::from_micros(300))
+        sim.receiver.policy = Box::new(|cookie, _, _, since| {
+            (cookie == 10 && since < Duration::from_micros(300))
                 .then_some(CompletionStatus::RingFull)
         });
         sim.run(Duration::from_secs(10));
         sim.check();
-        assert!(
-            sim.completed.iter().all(|c| c.1 == CompletionStatus::Ok),
-            "{faults:?}"
-        );
+        assert!(sim.all_ok(), "{faults:?}");
         let s = sim.sender.counters();
         let r = sim.receiver.table.counters();
         assert!(r.blocked > 0 && r.bundles_accepted > 0, "{faults:?}: {r:?}");
@@ -1359,30 +1355,41 @@ fn a_bundle_entry_rejected_fails_alone_and_the_rest_follow() {
     assert_eq!(sim.company.get(&11).map(Vec::len), Some(19 + 11));
 }
 
-#[test]
-fn a_blocked_receiver_pauses_the_sender_instead_of_timing_out() {
+/// Sends `n` messages of 1000 bytes over clean links (seed `seed`) to a receiver that blocks
+/// frames as `policy` says, and asserts that every message completed Ok and that the sender
+/// paused for the blocked receiver instead of waiting out a retransmission timeout. Returns
+/// the finished simulation.
+fn assert_sender_pauses_for(seed: u64, n: usize, policy: Policy) -> Sim {
     let mut sim = Sim::with_messages(
         ReliableConfig::default(),
         FaultInjection::default(),
-        7,
-        std::iter::repeat_n(1000, 3000),
+        seed,
+        std::iter::repeat_n(1000, n),
     );
-    let t0 = sim.t0;
-    // Every frame finds the RX ring full from 100 to 500 us (within the wait).
-    sim.receiver.policy = Box::new(move |_, _, _, now| {
-        let since = now - t0;
-        (since >= Duration::from_micros(100) && since < Duration::from_micros(500))
-            .then_some(CompletionStatus::RingFull)
-    });
+    sim.receiver.policy = policy;
     sim.run(Duration::from_secs(10));
     sim.check();
-    assert!(sim.completed.iter().all(|c| c.1 == CompletionStatus::Ok));
+    assert!(sim.all_ok());
     let s = sim.sender.counters();
+    assert!(s.pauses > 0 && s.timeouts == 0, "{s:?}");
+    sim
+}
+
+#[test]
+fn a_blocked_receiver_pauses_the_sender_instead_of_timing_out() {
+    // Every frame finds the RX ring full from 100 to 500 us (within the wait).
+    let sim = assert_sender_pauses_for(
+        7,
+        3000,
+        Box::new(|_, _, _, since| {
+            (since >= Duration::from_micros(100) && since < Duration::from_micros(500))
+                .then_some(CompletionStatus::RingFull)
+        }),
+    );
     let r = sim.receiver.table.counters();
     assert!(r.blocked > 0, "the receiver was blocked: {r:?}");
     // Without the pause, the window goes into the blocked receiver and the sender waits out a
     // retransmission timeout (1 ms at least).
-    assert!(s.pauses > 0 && s.timeouts == 0, "{s:?}");
     assert!(
         sim.elapsed() < Duration::from_millis(5),
         "took {:?}",
@@ -1432,22 +1439,14 @@ fn a_blocked_ack_that_also_makes_progress_pauses_the_sender() {
     // Message 0 establishes the session; 1-10 then go in one burst, and message 5's first
     // frame finds no buffer for 300 us: the receiver's one ack for the burst takes 1-4 and is
     // blocked at 5, with nothing new for the sender to send.
-    let mut sim = Sim::with_messages(
-        ReliableConfig::default(),
-        FaultInjection::default(),
+    assert_sender_pauses_for(
         8,
-        std::iter::repeat_n(1000, 11),
+        11,
+        Box::new(|cookie, first, _, since| {
+            (cookie == 5 && first && since < Duration::from_micros(300))
+                .then_some(CompletionStatus::NoBuffer)
+        }),
     );
-    let t0 = sim.t0;
-    sim.receiver.policy = Box::new(move |cookie, first, _, now| {
-        (cookie == 5 && first && now - t0 < Duration::from_micros(300))
-            .then_some(CompletionStatus::NoBuffer)
-    });
-    sim.run(Duration::from_secs(10));
-    sim.check();
-    assert!(sim.completed.iter().all(|c| c.1 == CompletionStatus::Ok));
-    let s = sim.sender.counters();
-    assert!(s.pauses > 0 && s.timeouts == 0, "{s:?}");
 }
 
 #[test]
