@@ -200,6 +200,97 @@ fn dma_data_of_one_mib_crosses_hosts_intact_and_in_order() {
     }
 }
 
+/// A remote destination's refusals reach the sender as error completions, and its session
+/// goes on: an endpoint with no channel is answered NoRoute, a DMA-data message larger than the
+/// posted buffer fails BufferTooSmall (the buffer stays posted and takes the next message that
+/// fits), and later messages are delivered, in order, and complete Ok.
+#[test]
+fn remote_refusals_complete_the_sender_with_their_status_and_traffic_goes_on() {
+    let Some(hosts) = two_hosts("wire-refuse", &WireOptions::default()) else {
+        return;
+    };
+    let (ga, gb) = (guest(&hosts, 0, 0), guest(&hosts, 1, 0));
+    let (mut ca, mut cb) = (channel(&ga, 1, 4), channel(&gb, 1, 4));
+    let (to_b, from_a) = (cb.addr(), ca.addr());
+    let nobody = ChannelAddr::new(to_b.mac, 99);
+    let (base_a, base_b) = (ca.layout().data_offset, cb.layout().data_offset);
+
+    // No channel at B's endpoint 99.
+    assert!(ca
+        .send_user(nobody, 1, b"anyone?", Completions::Always)
+        .unwrap());
+    ca.flush().unwrap();
+    let c = receive_n(&ga, &mut ca, "the NoRoute completion", 1, completion)[0];
+    assert_eq!(
+        (c.cookie, c.status, c.peer),
+        (1, CompletionStatus::NoRoute, nobody)
+    );
+
+    // 3000 bytes for a 1000-byte buffer, then 700 bytes that fit it.
+    let post = DataRef {
+        offset: base_b,
+        len: 1000,
+    };
+    assert!(cb.post_buffer(50, post).unwrap());
+    cb.flush().unwrap();
+    let data: Vec<u8> = (0..3000u32).map(|k| (k * 7) as u8).collect();
+    ca.write_data(base_a, &data).unwrap();
+    for (cookie, len) in [(2, 3000), (3, 700)] {
+        let d = DataRef {
+            offset: base_a,
+            len,
+        };
+        assert!(ca.send_dma(to_b, cookie, d).unwrap());
+    }
+    assert!(ca
+        .send_user(to_b, 4, b"still there", Completions::Always)
+        .unwrap());
+    ca.flush().unwrap();
+    let done = receive_n(&ga, &mut ca, "three completions", 3, completion);
+    let statuses: Vec<_> = done.iter().map(|c| (c.cookie, c.status)).collect();
+    assert_eq!(
+        statuses,
+        [
+            (2, CompletionStatus::BufferTooSmall),
+            (3, CompletionStatus::Ok),
+            (4, CompletionStatus::Ok)
+        ]
+    );
+    let got = receive_n(&gb, &mut cb, "the DMA-data and the user-data", 2, |m| m);
+    match got[0] {
+        Message::DmaData(d) => {
+            assert_eq!(
+                (d.peer, d.cookie, d.data),
+                (
+                    from_a,
+                    50,
+                    DataRef {
+                        offset: base_b,
+                        len: 700
+                    }
+                )
+            );
+            let mut back = vec![0u8; 700];
+            cb.read_data(d.data.offset, &mut back).unwrap();
+            assert!(back == data[..700], "the 700 bytes differ");
+        }
+        ref other => panic!("expected the DMA-data first, got {other:?}"),
+    }
+    match got[1] {
+        Message::UserData(u) => {
+            assert_eq!(
+                (u.peer, u.cookie, u.data()),
+                (from_a, 4, &b"still there"[..])
+            )
+        }
+        ref other => panic!("expected the user-data, got {other:?}"),
+    }
+    // B's engine counted the NoRoute answer and the reject.
+    let w = &uplink_until(&hosts.hosts[1], |w| w[0].get("recv.rejects") >= 1)[0];
+    assert!(w.get("rx_no_route") >= 1, "{w:?}");
+    assert!(w.get("recv.rejects") >= 1, "{w:?}");
+}
+
 /// Polls `ch` once (waiting up to `wait` on `waiter`) and adds the status of every completion
 /// among the messages to `statuses`.
 fn poll_statuses(
