@@ -63,6 +63,18 @@ fn receive_until(g: &HostGuest, ch: &mut Channel, what: &str, mut f: impl FnMut(
     panic!("{what}: not done within {TIMEOUT:?}");
 }
 
+/// Two hosts, a guest on each and a channel of each at endpoint 1 (`mib.0` and `mib.1` MiB),
+/// in the order they are bound so that they are dropped channels first, hosts last.
+fn across_hosts(
+    tag: &str,
+    mib: (u64, u64),
+) -> Option<(WireHosts, HostGuest, HostGuest, Channel, Channel)> {
+    let hosts = two_hosts(tag, &WireOptions::default())?;
+    let (ga, gb) = (guest(&hosts, 0, 0), guest(&hosts, 1, 0));
+    let (ca, cb) = (channel(&ga, 1, mib.0), channel(&gb, 1, mib.1));
+    Some((hosts, ga, gb, ca, cb))
+}
+
 /// The next `n` messages of `ch`, each turned into a `T` by `pick` (which panics on a message it
 /// does not expect); panics if they do not all come within `TIMEOUT`.
 fn receive_n<T>(
@@ -139,11 +151,9 @@ fn user_data_and_virtio_net_frames_cross_hosts() {
 
 #[test]
 fn dma_data_of_one_mib_crosses_hosts_intact_and_in_order() {
-    let Some(hosts) = two_hosts("wire-dma", &WireOptions::default()) else {
+    let Some((_hosts, ga, gb, mut ca, mut cb)) = across_hosts("wire-dma", (4, 16)) else {
         return;
     };
-    let (ga, gb) = (guest(&hosts, 0, 0), guest(&hosts, 1, 0));
-    let (mut ca, mut cb) = (channel(&ga, 1, 4), channel(&gb, 1, 16));
     let (to_b, from_a) = (cb.addr(), ca.addr());
     let sizes: Vec<u32> = vec![1 << 20, 1, 1456, 1457, 65_536, 1 << 20, 3000, 0x8_0001];
     let base_a = ca.layout().data_offset;
@@ -206,11 +216,9 @@ fn dma_data_of_one_mib_crosses_hosts_intact_and_in_order() {
 /// fits), and later messages are delivered, in order, and complete Ok.
 #[test]
 fn remote_refusals_complete_the_sender_with_their_status_and_traffic_goes_on() {
-    let Some(hosts) = two_hosts("wire-refuse", &WireOptions::default()) else {
+    let Some((hosts, ga, gb, mut ca, mut cb)) = across_hosts("wire-refuse", (4, 4)) else {
         return;
     };
-    let (ga, gb) = (guest(&hosts, 0, 0), guest(&hosts, 1, 0));
-    let (mut ca, mut cb) = (channel(&ga, 1, 4), channel(&gb, 1, 4));
     let (to_b, from_a) = (cb.addr(), ca.addr());
     let nobody = ChannelAddr::new(to_b.mac, 99);
     let (base_a, base_b) = (ca.layout().data_offset, cb.layout().data_offset);
