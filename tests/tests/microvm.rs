@@ -342,17 +342,22 @@ fn two_micro_vms(name: &str, payload: Payload) {
     };
     let vm_a = run(d.sock(1), a, b);
     let vm_b = run(d.sock(2), b, a);
-    // Both reports first: when one side fails, the other's next message fails too (NoRoute).
-    let reports = [("a", vm_a), ("b", vm_b)].map(|(who, vm)| (who, vm.join().unwrap().unwrap()));
-    for (who, r) in &reports {
-        eprintln!(
-            "micro-VM {who} {payload:?}: {COUNT} exchanges in {:?}: {}; {} user-space exit(s)",
-            r.run.elapsed,
-            r.result.describe(),
-            r.run.user_exits
-        );
+    // Both sides' outcomes first, failed ones too: when one side fails or stalls, the other's
+    // state says where the exchange stopped.
+    let outcomes = [("a", vm_a), ("b", vm_b)].map(|(who, vm)| (who, vm.join().unwrap()));
+    for (who, outcome) in &outcomes {
+        match outcome {
+            Ok(r) => eprintln!(
+                "micro-VM {who} {payload:?}: {COUNT} exchanges in {:?}: {}; {} user-space exit(s)",
+                r.run.elapsed,
+                r.result.describe(),
+                r.run.user_exits
+            ),
+            Err(e) => eprintln!("micro-VM {who} {payload:?}: {e}"),
+        }
     }
-    for (who, r) in &reports {
+    for (who, outcome) in outcomes {
+        let r = outcome.unwrap_or_else(|e| panic!("micro-VM {who}: {e}"));
         assert!(r.ok(), "micro-VM {who}: {}", r.result.describe());
         assert_eq!((r.result.done, r.run.user_exits), (COUNT, 1));
     }
