@@ -33,7 +33,7 @@ pub(super) fn attach(
     for i in 0..workers {
         sockets.push(open(&format!("worker {i}'s socket"))?);
     }
-    join_group(&mut sockets, n)?;
+    join_group(&mut sockets, n, packet.rx_frames)?;
     let mtu = sockets.first().map_or(1500, |s| s.mtu());
     let reliable = reliable_config(cfg, engine, mtu)?;
     let fault = (!cfg.fault.is_off()).then_some(FaultInjection {
@@ -82,9 +82,9 @@ pub(super) fn attach(
 }
 
 /// Joins every socket to one fanout group of their own, in order (worker `i` is member `i`),
-/// then empties their RX rings: until the last one joined, frames went to every socket (before
+/// then empties their RX rings (of `ring` slots): until the last one joined, frames went to every socket (before
 /// it joined, or to the members present so far), not to the worker that serves them.
-fn join_group(sockets: &mut [PacketSocket], n: u16) -> Result<(), EngineError> {
+fn join_group(sockets: &mut [PacketSocket], n: u16, ring: usize) -> Result<(), EngineError> {
     let Some((first, rest)) = sockets.split_first() else {
         return Ok(());
     };
@@ -101,7 +101,9 @@ fn join_group(sockets: &mut [PacketSocket], n: u16) -> Result<(), EngineError> {
     }
     let stale: usize = sockets
         .iter_mut()
-        .map(|s| s.receive(usize::MAX, |_| {}))
+        // What was in each ring when the group was complete: a flood arriving meanwhile does
+        // not hold up the start.
+        .map(|s| s.receive(ring, |_| {}))
         .sum();
     debug!("uplink: fanout group {group}; {stale} frame(s) from before it was complete dropped");
     Ok(())

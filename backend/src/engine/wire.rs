@@ -638,6 +638,10 @@ impl<'a> Receiver<'a> {
         if self.ports.owns(frame.src) || frame.src.is_multicast() {
             return bump(&c.rx_spoofed, 1);
         }
+        // Counted once here, not again as data or an ack.
+        if !self.ports.owns(frame.dst) {
+            return bump(&c.rx_not_local, 1);
+        }
         match frame.body {
             FrameBody::Data(d) => {
                 bump(&c.rx_data, 1);
@@ -660,8 +664,7 @@ impl<'a> Receiver<'a> {
         let (local, remote) = addresses(dst, src, a.dst_endpoint, a.src_endpoint);
         match self.routes.lookup(&local) {
             Some((id, _)) => self.send.on_ack(*id, remote, a, self.now, self.completions),
-            None if self.ports.owns(dst) => bump(&self.counters.rx_no_route, 1),
-            None => bump(&self.counters.rx_not_local, 1),
+            None => bump(&self.counters.rx_no_route, 1),
         }
     }
 
@@ -676,8 +679,8 @@ impl<'a> Receiver<'a> {
         }
     }
 
-    /// The local channel a data or bundle frame is for, or None after answering or counting a
-    /// frame for no channel (NoRoute for `(seq, message_id)` of `session`).
+    /// The local channel a data or bundle frame for a local guest's MAC is for, or None after
+    /// answering NoRoute for `(seq, message_id)` of `session`.
     fn destination(
         &mut self,
         local: ChannelAddr,
@@ -686,17 +689,13 @@ impl<'a> Receiver<'a> {
     ) -> Option<(ChannelId, &'a Arc<EngineChannel>)> {
         let routes: &'a RoutingSnapshot<Arc<EngineChannel>> = self.routes;
         let Some((id, dest)) = routes.lookup(&local) else {
-            if self.ports.owns(local.mac) {
-                bump(&self.counters.rx_no_route, 1);
-                let no_route = AckKind::Reject {
-                    ack: seq,
-                    message_id,
-                    status: CompletionStatus::NoRoute,
-                };
-                self.answer(local, remote, session, no_route);
-            } else {
-                bump(&self.counters.rx_not_local, 1);
-            }
+            bump(&self.counters.rx_no_route, 1);
+            let no_route = AckKind::Reject {
+                ack: seq,
+                message_id,
+                status: CompletionStatus::NoRoute,
+            };
+            self.answer(local, remote, session, no_route);
             return None;
         };
         // The steering program sends a worker the frames of the endpoints placed on it.

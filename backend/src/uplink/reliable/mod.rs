@@ -155,6 +155,17 @@ impl ReliableConfig {
                 ),
             );
         }
+        // A state blocked for the whole backpressure wait takes no frame meanwhile: it must
+        // outlive that wait to reject its message rather than expire.
+        if self.state_lifetime < self.backpressure_wait.saturating_mul(2) {
+            return err(
+                "state_lifetime",
+                format!(
+                    "{:?} is shorter than twice backpressure_wait {:?}",
+                    self.state_lifetime, self.backpressure_wait
+                ),
+            );
+        }
         if self.max_send_sessions == 0 || self.max_recv_sessions == 0 {
             return err(
                 "max_send_sessions/max_recv_sessions",
@@ -342,7 +353,7 @@ mod tests {
         assert_eq!(c.frames_of(1457), 2);
         assert_eq!(c.frames_of(MAX_MESSAGE_LEN), 721);
         type Spoil = fn(&mut ReliableConfig);
-        let cases: [(&str, Spoil); 11] = [
+        let cases: [(&str, Spoil); 12] = [
             ("chunk", |c| c.chunk = 0),
             ("chunk", |c| c.chunk = MIN_CHUNK - 1),
             ("chunk", |c| c.chunk = 65_536),
@@ -356,6 +367,7 @@ mod tests {
                 c.peer_timeout = Duration::from_millis(1)
             }),
             ("state_lifetime", |c| c.state_lifetime = c.peer_timeout),
+            ("state_lifetime", |c| c.backpressure_wait = c.state_lifetime),
             ("max_send_sessions", |c| c.max_send_sessions = 0),
             ("max_recv_sessions", |c| c.max_recv_sessions = 0),
         ];
