@@ -35,9 +35,11 @@
 //!   once all are held the engine backpressures the senders: nothing is dropped. The RX ring is
 //!   read all the while, since it also carries this endpoint's send completions and probe
 //!   answers; only with [`UNEXPECTED_RING_STOP`] messages queued (inline ones, which hold no
-//!   bounce buffer, are what can get there) does the endpoint stop reading it. A first part
-//!   announcing more than 8 parts of the largest message size, or a message in parts from more
-//!   than [`ASSEMBLING_MAX`] senders at once, is refused before anything is held for it; a
+//!   bounce buffer, are what can get there) or [`UNEXPECTED_RING_STOP_BYTES`] copied out (messages
+//!   in parts, copied part by part) does the endpoint stop reading it. A first part announcing
+//!   more than 8 parts of the largest message size, or a message in parts no posted receive
+//!   matches from more than [`ASSEMBLING_MAX`] senders at once, is refused before anything is
+//!   held for it; a
 //!   message in parts whose next part has not come for `GAP_WAIT` is abandoned (its receive,
 //!   if it has one, fails `FI_EIO`).
 //! - Log lines that peers' messages can cause are limited to one per second per call site
@@ -122,7 +124,11 @@ pub const UNEXPECTED_BYTES: usize = 8 << 20;
 /// Messages in an RDM endpoint's unexpected queue beyond which it stops reading its RX ring
 /// (the only backpressure on inline messages, which hold no bounce buffer).
 pub const UNEXPECTED_RING_STOP: usize = 16 * UNEXPECTED_MAX;
-/// Senders an RDM endpoint assembles messages in parts from at once.
+/// Bytes copied out of bounce buffers beyond which an RDM endpoint stops reading its RX ring:
+/// what peers' unmatched messages in parts can make it hold (their parts are copied out one by
+/// one, so only this stop holds them back).
+pub const UNEXPECTED_RING_STOP_BYTES: usize = 8 * UNEXPECTED_BYTES;
+/// Senders whose messages in parts an RDM endpoint assembles on the heap at once.
 pub const ASSEMBLING_MAX: usize = 64;
 
 /// A scatter/gather list of the application's memory: (address, length) pairs.
@@ -826,9 +832,13 @@ impl EpState {
         let mut msgs = std::mem::take(&mut self.scratch);
         for _ in 0..16 {
             msgs.clear();
-            if self.rdm && self.unexpected.len() >= UNEXPECTED_RING_STOP {
-                // Backpressure on inline messages: the engine holds the senders (and this
-                // endpoint's completions wait) until receives are posted.
+            if self.rdm
+                && (self.unexpected.len() >= UNEXPECTED_RING_STOP
+                    || self.unexpected_bytes >= UNEXPECTED_RING_STOP_BYTES)
+            {
+                // Backpressure on inline messages and on messages in parts (which are copied
+                // out part by part): the engine holds the senders (and this endpoint's
+                // completions wait) until receives are posted.
                 break;
             }
             let Some(ch) = self.channel.as_mut() else {
@@ -1172,25 +1182,26 @@ impl EpState {
                     warn_limited!("svnic provider: a message of {total} bytes from {src} refused");
                     return;
                 }
-                if self.assembling.len() >= ASSEMBLING_MAX {
-                    crate::stats::PARTS_ABANDONED.bump();
-                    warn_limited!(
-                        "svnic provider: a message in parts from {src} refused: \
-                         {ASSEMBLING_MAX} senders' messages in parts are being assembled"
-                    );
-                    return;
-                }
                 let hdr = Header {
                     total: None,
                     ..a.hdr
                 };
-                let sink = match self
+                let posted = self
                     .recvs
                     .iter()
                     .position(|r| r.want.matches(&hdr, src))
-                    .and_then(|i| self.recvs.remove(i))
-                {
+                    .and_then(|i| self.recvs.remove(i));
+                let sink = match posted {
                     Some(r) => Sink::Posted { r, copied: 0 },
+                    // Only messages assembled on the heap hold the provider's memory.
+                    None if self.heap_assemblies() >= ASSEMBLING_MAX => {
+                        crate::stats::PARTS_ABANDONED.bump();
+                        warn_limited!(
+                            "svnic provider: a message in parts from {src} refused: \
+                             {ASSEMBLING_MAX} senders' messages in parts are being assembled"
+                        );
+                        return;
+                    }
                     None => Sink::Heap(Vec::with_capacity(bytes.len())),
                 };
                 let m = Assembly {
@@ -1212,6 +1223,14 @@ impl EpState {
             },
             _ => {}
         }
+    }
+
+    /// Messages in parts being assembled on the heap (no posted receive matched them).
+    fn heap_assemblies(&self) -> usize {
+        self.assembling
+            .values()
+            .filter(|m| matches!(m.sink, Sink::Heap(_)))
+            .count()
     }
 
     /// Adds the next part's bytes to a message in parts; delivers it when complete. A part
