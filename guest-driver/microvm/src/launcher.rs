@@ -285,8 +285,11 @@ pub fn run_bypass(cfg: &BypassConfig) -> Result<BypassReport, MicroVmError> {
     let (region, layout, channel_id) = (channel.region(), *channel.layout(), channel.id());
     let doorbell = &*doorbell;
     let side = move || EngineSide::new(region, layout, channel_gpa, channel_id, doorbell);
+    // The channel's view is checked here, before the program starts, on every path: the
+    // relay's own view (built on its thread) is then the same and cannot fail.
+    let checked = side()?;
     let mut mediator = match program.path {
-        DataPath::Mediated => Some(Mediator::new(side()?)),
+        DataPath::Mediated => Some(Mediator::new(checked)),
         DataPath::Bypass | DataPath::Doorbell => None,
     };
     ticket.arrive(cfg.timeout)?;
@@ -392,6 +395,10 @@ mod tests {
                 (line.arrive(Duration::from_secs(60)), t0.elapsed())
             })
         };
+        // Abandon only once the other is waiting, so that the abandon must wake it.
+        while line.state.lock().map(|s| s.0).unwrap_or(0) < 1 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         drop(StartTicket(Some(&*line)));
         let (result, waited) = waiting.join().expect("no panic");
         assert!(
