@@ -473,9 +473,17 @@ fn a_sender_silent_mid_message_gives_the_posted_buffer_back() {
     assert!(w.get("recv.frames_accepted") >= 1, "{w:?}");
     assert_eq!(w.get("recv.messages_delivered"), 0, "{w:?}");
     hosts.hosts[0].kill();
-    // Given up half a state lifetime (10 s) after its first frame.
+    // Given up half the state lifetime (10 s here) after its first frame, while the state is
+    // still live: not by the state's expiry, 10 s after the kill.
+    let killed = Instant::now();
     let w = &uplink_until(&hosts.hosts[1], |w| w[0].get("recv.abandoned") >= 1)[0];
     assert_eq!(w.get("recv.abandoned"), 1, "{w:?}");
+    assert_eq!(w.get("recv.states_expired"), 0, "{w:?}");
+    assert!(
+        killed.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        killed.elapsed()
+    );
     let data: Vec<u8> = (0..5000u32).map(|k| (k * 13) as u8).collect();
     let at = cb2.layout().data_offset;
     cb2.write_data(at, &data).unwrap();

@@ -163,6 +163,7 @@ proptest! {
         let d = Frame::decode(&bytes).unwrap();
         prop_assert_eq!(d, f);
         let FrameBody::Bundle(b) = d.body else { unreachable!() };
+        prop_assert_eq!(b.entries().count(), msgs.len());
         for (i, (id, entry)) in b.entries().enumerate() {
             prop_assert_eq!(id, first.wrapping_add(i as u32));
             prop_assert_eq!(entry.cookie, msgs[i].0);

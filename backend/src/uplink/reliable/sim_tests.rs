@@ -854,10 +854,10 @@ fn frames_that_make_no_progress_do_not_keep_a_partial_message_alive() {
     let mut r: RecvTable<u32> = RecvTable::new(ReliableConfig::default());
     expect_process(&mut r, &header(1, 0, 10, 30, 0, 10), t, true, false);
     assert_eq!(r.accepted(B_CH, A_ADDR, Some(99), t), None);
-    // Every second for 20 s: the same old frame again (a duplicate), a frame ahead (out of
+    // Every second for 10 s: the same old frame again (a duplicate), a frame ahead (out of
     // order) and one that does not continue the message (invalid). Anyone on the wire can send
     // them; none is progress.
-    for s in 1..=20u64 {
+    for s in 1..=10u64 {
         let at = t + Duration::from_secs(s);
         for h in [
             header(1, 0, 10, 30, 0, 10),
@@ -867,9 +867,6 @@ fn frames_that_make_no_progress_do_not_keep_a_partial_message_alive() {
             assert_eq!(r.on_frame(B_CH, A_ADDR, &h, at), Verdict::Drop, "{h:?}");
         }
         r.expire(at);
-        if s >= 10 {
-            break;
-        }
     }
     // Ten seconds after its last frame taken the state is gone, and its reserved buffer back.
     assert_eq!(r.len(), 0);
