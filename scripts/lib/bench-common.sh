@@ -15,6 +15,8 @@
 # non-zero if the first one is not one of the script's options.
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# The calling script, by a path that still holds after the cd below (for --help).
+bench_script=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 cd "$root"
 target=${CARGO_TARGET_DIR:-$root/target}
 build=1
@@ -26,7 +28,7 @@ bench_args() {
             --rounds) bench_value rounds "$@" ;;
             --no-build) build=0; bench_took=1 ;;
             -h|--help)
-                sed -n '2,/^set -euo/p' "$0" | sed '$d'
+                sed -n '2,/^set -euo/p' "$bench_script" | sed '$d'
                 exit 0
                 ;;
             *)

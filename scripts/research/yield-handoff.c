@@ -9,6 +9,8 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #define HANDOFFS 200000L
@@ -20,7 +22,12 @@ static void *player(void *arg) {
     cpu_set_t set;
     CPU_ZERO(&set);
     CPU_SET(0, &set);
-    pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+    int err = pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+    if (err != 0) {
+        /* Unpinned, it would measure a hand-off between CPUs instead. */
+        fprintf(stderr, "yield-handoff: cannot pin to CPU 0: %s\n", strerror(err));
+        exit(1);
+    }
     for (long i = 0; i < HANDOFFS; i++) {
         while (atomic_load(&token) % 2 != me)
             sched_yield();
