@@ -146,23 +146,18 @@ impl ReliableConfig {
                 ),
             );
         }
-        if self.state_lifetime < self.peer_timeout.saturating_mul(2) {
+        // A sender gives up within the peer timeout, and a state blocked for the whole
+        // backpressure wait takes no frame meanwhile: a state outlives both, twice over.
+        let floor = self
+            .peer_timeout
+            .max(self.backpressure_wait)
+            .saturating_mul(2);
+        if self.state_lifetime < floor {
             return err(
                 "state_lifetime",
                 format!(
-                    "{:?} is shorter than twice peer_timeout {:?}",
-                    self.state_lifetime, self.peer_timeout
-                ),
-            );
-        }
-        // A state blocked for the whole backpressure wait takes no frame meanwhile: it must
-        // outlive that wait to reject its message rather than expire.
-        if self.state_lifetime < self.backpressure_wait.saturating_mul(2) {
-            return err(
-                "state_lifetime",
-                format!(
-                    "{:?} is shorter than twice backpressure_wait {:?}",
-                    self.state_lifetime, self.backpressure_wait
+                    "{:?} is shorter than twice peer_timeout {:?} or twice backpressure_wait {:?}",
+                    self.state_lifetime, self.peer_timeout, self.backpressure_wait
                 ),
             );
         }
