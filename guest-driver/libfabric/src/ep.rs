@@ -77,7 +77,7 @@ use crate::rdm::{self, Header, Reorder, Want};
 use crate::stats::warn_limited;
 use crate::wait::Progress;
 use crate::{
-    free_object, guard, guard_fid, guard_object, object, object_of, open_object, put, FidObject,
+    close_fid, guard, guard_fid, guard_object, object, object_of, open_object, put, FidObject,
 };
 
 /// Cookies of posted bounce buffers carry this bit (send cookies never do).
@@ -2007,22 +2007,22 @@ fn linger(ch: &mut Channel) {
 }
 
 unsafe extern "C" fn ep_close(fid: *mut Fid) -> c_int {
-    guard_fid("ep close", fid, |e: &SvnicEp| {
-        let channel = {
-            let mut s = e.inner.lock();
-            s.enabled = false;
-            s.channel.take()
-        };
-        if let Some(mut ch) = channel {
-            linger(&mut ch);
-            if let Err(err) = e.inner.domain.guest.destroy_channel(ch, CONTROL_TIMEOUT) {
-                log::warn!("svnic provider: destroying the endpoint's channel: {err}");
+    // SAFETY: the fid libfabric passed to fi_close (close_object's contract).
+    unsafe {
+        close_fid("ep close", fid, |e: &SvnicEp| {
+            let channel = {
+                let mut s = e.inner.lock();
+                s.enabled = false;
+                s.channel.take()
+            };
+            if let Some(mut ch) = channel {
+                linger(&mut ch);
+                if let Err(err) = e.inner.domain.guest.destroy_channel(ch, CONTROL_TIMEOUT) {
+                    log::warn!("svnic provider: destroying the endpoint's channel: {err}");
+                }
             }
-        }
-        // SAFETY: recognised, closed once.
-        unsafe { free_object::<SvnicEp>(fid) };
-        0
-    })
+        })
+    }
 }
 
 unsafe extern "C" fn ep_bind(fid: *mut Fid, bfid: *mut Fid, flags: u64) -> c_int {

@@ -375,8 +375,28 @@ pub unsafe fn free_object<T: FidObject>(fid: *mut Fid) {
 /// `fid` must be NULL or point to a readable `struct fid` (libfabric's contract for
 /// `fi_close`); a fid of type `T` must not be used after it is closed.
 pub unsafe extern "C" fn close_object<T: FidObject>(fid: *mut Fid) -> c_int {
-    guard_fid("fi_close", fid, |_: &T| {
-        // SAFETY: recognised, and closed once (the contract above).
+    // SAFETY: per the contract above.
+    unsafe { close_fid::<T>("fi_close", fid, |_| {}) }
+}
+
+/// The close of an object: recognises `fid` as a `T` (else `-FI_EINVAL`), runs `teardown` on
+/// it, then frees it, once `teardown` has returned and no reference to it is left.
+///
+/// # Safety
+/// As [`close_object`]'s.
+pub(crate) unsafe fn close_fid<T: FidObject>(
+    what: &str,
+    fid: *mut Fid,
+    teardown: impl FnOnce(&T),
+) -> c_int {
+    guard(what, || {
+        // SAFETY: per the contract above.
+        let Some(obj) = (unsafe { object::<T>(fid) }) else {
+            return -FI_EINVAL;
+        };
+        teardown(obj);
+        // SAFETY: recognised above and closed once (the contract above); `obj` is not used
+        // after this.
         unsafe { free_object::<T>(fid) };
         0
     })
